@@ -1,0 +1,1 @@
+"""Kama activities package."""

@@ -1,0 +1,1 @@
+"""Kama kama package."""

@@ -1,0 +1,282 @@
+"""Deterministic, generated GGUF models for tests and benchmarks.
+
+Kama's tests need real GGUF files (valid ones that llama.cpp can load, split shard sets,
+and deliberately broken ones) without downloading anything. This module writes tiny
+llama-architecture models with ``gguf.GGUFWriter``: an SPM tokenizer with byte fallback,
+random weights from a seeded numpy generator, and the metadata llama.cpp needs. The same
+``ModelShape`` always produces byte-identical files.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import string
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import gguf
+import numpy as np
+import numpy.typing as npt
+
+FileType = Literal["F32", "F16", "Q8_0"]
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+_FILE_TYPES: dict[str, gguf.LlamaFileType] = {
+    "F32": gguf.LlamaFileType.ALL_F32,
+    "F16": gguf.LlamaFileType.MOSTLY_F16,
+    "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+}
+_Q8_0_BLOCK = 32
+_CONTROL_TOKENS = ("<unk>", "<s>", "</s>")
+_WORDS = (
+    "the", "and", "of", "to", "in", "is", "you", "that", "it", "was", "for", "on", "are",
+    "as", "with", "they", "at", "be", "this", "have", "from", "or", "one", "by", "word",
+    "but", "not", "what", "all", "we", "when", "your", "can", "there", "hello", "world",
+    "model", "kama", "llama", "yes", "no",
+)  # fmt: skip
+
+Tensor = tuple[str, npt.NDArray[Any], gguf.GGMLQuantizationType | None]
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Hyper-parameters of a generated llama model; invalid combinations raise ValueError."""
+
+    n_layer: int = 2
+    n_embd: int = 64
+    n_head: int = 4
+    n_head_kv: int = 4  # grouped-query attention when smaller than n_head
+    n_ff: int = 128
+    n_ctx: int = 512
+    vocab_extra: int = 100  # normal tokens after the 3 control and 256 byte tokens
+    file_type: FileType = "F32"
+    seed: int = 0
+    chat_template: str | None = CHATML_TEMPLATE
+
+    def __post_init__(self) -> None:
+        for field in ("n_layer", "n_embd", "n_head", "n_head_kv", "n_ff", "n_ctx"):
+            if getattr(self, field) < 1:
+                raise ValueError(f"ModelShape.{field} must be >= 1, got {getattr(self, field)}")
+        if self.vocab_extra < 0:
+            raise ValueError(f"ModelShape.vocab_extra must be >= 0, got {self.vocab_extra}")
+        if self.file_type not in _FILE_TYPES:
+            raise ValueError(f"ModelShape.file_type must be one of {sorted(_FILE_TYPES)}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} is not a multiple of n_head={self.n_head}")
+        if self.n_head % self.n_head_kv:
+            raise ValueError(
+                f"n_head={self.n_head} is not a multiple of n_head_kv={self.n_head_kv}"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
+        if self.file_type == "Q8_0":
+            for field in ("n_embd", "n_ff"):  # the row widths of every 2-D weight
+                if getattr(self, field) % _Q8_0_BLOCK:
+                    raise ValueError(
+                        f"Q8_0 needs row widths that are multiples of {_Q8_0_BLOCK}, "
+                        f"but {field}={getattr(self, field)}"
+                    )
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def n_vocab(self) -> int:
+        return len(_CONTROL_TOKENS) + 256 + self.vocab_extra
+
+
+def _normal_pieces() -> Iterator[str]:
+    yield "▁"
+    yield from (f"▁{c}" for c in string.ascii_lowercase)
+    yield from string.ascii_lowercase
+    yield from string.digits
+    yield from ".,!?'-:;"
+    yield from (f"▁{w}" for w in _WORDS)
+    for length in itertools.count(2):
+        for combo in itertools.product(string.ascii_lowercase, repeat=length):
+            yield "".join(combo)
+            yield "▁" + "".join(combo)
+
+
+def _vocab(shape: ModelShape) -> tuple[list[str], list[float], list[int]]:
+    tokens = list(_CONTROL_TOKENS)
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+    tokens += [f"<0x{b:02X}>" for b in range(256)]
+    types += [gguf.TokenType.BYTE] * 256
+    scores = [0.0] * len(tokens)
+    seen: set[str] = set()
+    for piece in _normal_pieces():
+        if len(seen) == shape.vocab_extra:
+            break
+        if piece not in seen:
+            seen.add(piece)
+            tokens.append(piece)
+            scores.append(-float(len(seen)))
+            types.append(gguf.TokenType.NORMAL)
+    return tokens, scores, [int(t) for t in types]
+
+
+def _tensors(shape: ModelShape) -> list[Tensor]:
+    """All tensors in file order, with their data already in the file's type."""
+    rng = np.random.default_rng(shape.seed)
+    kv_dim = shape.n_head_kv * shape.head_dim
+
+    def weight(rows: int, cols: int) -> tuple[npt.NDArray[Any], gguf.GGMLQuantizationType | None]:
+        data = rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(0.02)
+        if shape.file_type == "F16":
+            return data.astype(np.float16), None
+        if shape.file_type == "Q8_0":
+            q8 = gguf.GGMLQuantizationType.Q8_0
+            return gguf.quants.quantize(data, q8), q8
+        return data, None
+
+    def norm() -> tuple[npt.NDArray[Any], None]:
+        return np.ones(shape.n_embd, dtype=np.float32), None
+
+    e, ff = shape.n_embd, shape.n_ff
+    spec: list[tuple[str, tuple[npt.NDArray[Any], gguf.GGMLQuantizationType | None]]] = [
+        ("token_embd.weight", weight(shape.n_vocab, e))
+    ]
+    for i in range(shape.n_layer):
+        spec += [
+            (f"blk.{i}.attn_norm.weight", norm()),
+            (f"blk.{i}.attn_q.weight", weight(e, e)),
+            (f"blk.{i}.attn_k.weight", weight(kv_dim, e)),
+            (f"blk.{i}.attn_v.weight", weight(kv_dim, e)),
+            (f"blk.{i}.attn_output.weight", weight(e, e)),
+            (f"blk.{i}.ffn_norm.weight", norm()),
+            (f"blk.{i}.ffn_gate.weight", weight(ff, e)),
+            (f"blk.{i}.ffn_up.weight", weight(ff, e)),
+            (f"blk.{i}.ffn_down.weight", weight(e, ff)),
+        ]
+    spec += [("output_norm.weight", norm()), ("output.weight", weight(shape.n_vocab, e))]
+    return [(name, data, raw) for name, (data, raw) in spec]
+
+
+def _add_metadata(writer: gguf.GGUFWriter, shape: ModelShape) -> None:
+    writer.add_name(f"kama-test-llama-{shape.file_type}-seed{shape.seed}")
+    writer.add_file_type(int(_FILE_TYPES[shape.file_type]))
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    writer.add_context_length(shape.n_ctx)
+    writer.add_embedding_length(shape.n_embd)
+    writer.add_block_count(shape.n_layer)
+    writer.add_feed_forward_length(shape.n_ff)
+    writer.add_head_count(shape.n_head)
+    writer.add_head_count_kv(shape.n_head_kv)
+    writer.add_rope_dimension_count(shape.head_dim)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_vocab_size(shape.n_vocab)
+    tokens, scores, types = _vocab(shape)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+    if shape.chat_template is not None:
+        writer.add_chat_template(shape.chat_template)
+
+
+def _write(
+    path: Path,
+    shape: ModelShape,
+    tensors: list[Tensor],
+    *,
+    with_metadata: bool,
+    split: tuple[int, int, int] | None,
+) -> Path:
+    writer = gguf.GGUFWriter(path, arch="llama")
+    if with_metadata:
+        _add_metadata(writer, shape)
+    else:  # like gguf-split, later shards carry nothing but the split keys
+        del writer.kv_data[0][gguf.Keys.General.ARCHITECTURE]
+    if split is not None:
+        no, count, total = split
+        writer.add_uint16(gguf.Keys.Split.LLM_KV_SPLIT_NO, no)
+        writer.add_uint16(gguf.Keys.Split.LLM_KV_SPLIT_COUNT, count)
+        writer.add_int32(gguf.Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT, total)
+    for name, data, raw_dtype in tensors:
+        writer.add_tensor(name, data, raw_dtype=raw_dtype)
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+    finally:
+        writer.close()
+    return path
+
+
+def write_model(path: Path, *, shape: ModelShape) -> Path:
+    """Write a single-file model to ``path`` and return it."""
+    return _write(path, shape, _tensors(shape), with_metadata=True, split=None)
+
+
+def write_shards(directory: Path, *, stem: str, shape: ModelShape, n_shards: int) -> list[Path]:
+    """Write ``{stem}-0000k-of-0000N.gguf`` shards in llama.cpp's gguf-split layout."""
+    tensors = _tensors(shape)
+    if not 1 <= n_shards <= len(tensors):
+        raise ValueError(f"n_shards must be between 1 and {len(tensors)}, got {n_shards}")
+    per, extra = divmod(len(tensors), n_shards)
+    paths: list[Path] = []
+    start = 0
+    for no in range(n_shards):
+        end = start + per + (1 if no < extra else 0)
+        path = directory / f"{stem}-{no + 1:05d}-of-{n_shards:05d}.gguf"
+        split = (no, n_shards, len(tensors))
+        paths.append(_write(path, shape, tensors[start:end], with_metadata=no == 0, split=split))
+        start = end
+    return paths
+
+
+def write_bad_magic(path: Path, *, shape: ModelShape) -> Path:
+    """A valid model whose first four bytes are not ``GGUF``."""
+    write_model(path, shape=shape)
+    with open(path, "r+b") as f:
+        f.write(b"GGML")
+    return path
+
+
+def write_truncated(path: Path, *, shape: ModelShape, keep_fraction: float = 0.5) -> Path:
+    """A valid model cut to ``keep_fraction`` of its size."""
+    if not 0.0 <= keep_fraction < 1.0:
+        raise ValueError(f"keep_fraction must be in [0, 1), got {keep_fraction}")
+    write_model(path, shape=shape)
+    os.truncate(path, int(path.stat().st_size * keep_fraction))
+    return path
+
+
+def write_bad_tensor_offset(path: Path, *, shape: ModelShape) -> Path:
+    """A valid model whose first tensor (token_embd.weight) has its data offset moved past EOF.
+
+    The new offset is still aligned, so the only defect is the out-of-range data.
+    """
+    write_model(path, shape=shape)
+    reader = gguf.GGUFReader(path)
+    field = reader.tensors[0].field
+    *before, offset_part = field.parts  # name_len, name, n_dims, dims, type | offset
+    if offset_part.dtype != np.uint64 or offset_part.size != 1:
+        raise RuntimeError(f"unexpected tensor-info layout for {field.name!r}")
+    position = field.offset + sum(int(part.nbytes) for part in before)
+    alignment = int(reader.alignment)
+    del reader, field, before, offset_part  # drop the memory map before patching
+    size = path.stat().st_size
+    beyond = (size + alignment - 1) // alignment * alignment
+    with open(path, "r+b") as f:
+        f.seek(position)
+        f.write(struct.pack("<Q", beyond))
+    return path

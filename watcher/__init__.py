@@ -1,0 +1,1 @@
+"""Kama watcher package."""

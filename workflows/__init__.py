@@ -1,0 +1,1 @@
+"""Kama workflows package."""
