@@ -3,86 +3,14 @@ through its readiness probe, answering on its own pod IP, gone after deletion.""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import httpx
 
 from kama.testing.gguf_factory import ModelShape, write_model
-from localstack.stack import LLAMA_IMAGE, LocalStack
+from localstack.demo import LLAMA_PORT, claim_host_path, llama_pod_manifest, model_claim_manifest
+from localstack.stack import LocalStack
 from tests.support import apply, eventually, get_json, kubectl, pid_alive
-
-
-def model_claim(stack: LocalStack, namespace: str) -> Path:
-    apply(
-        stack,
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": "models", "namespace": namespace},
-            "spec": {
-                "accessModes": ["ReadWriteOnce"],
-                "resources": {"requests": {"storage": "1Gi"}},
-            },
-        },
-    )
-    volume = eventually(
-        lambda: get_json(stack, "pvc", "models", "-n", namespace)["spec"].get("volumeName"),
-        timeout=60,
-        what="the claim to bind",
-    )
-    return Path(get_json(stack, "pv", volume)["spec"]["hostPath"]["path"])
-
-
-def llama_pod(name: str, namespace: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "terminationGracePeriodSeconds": 10,
-            "automountServiceAccountToken": False,
-            "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532},
-            "containers": [
-                {
-                    "name": "llama",
-                    "image": LLAMA_IMAGE,
-                    "args": [
-                        "--model",
-                        "/models/tiny.gguf",
-                        "--host",
-                        "$(POD_IP)",
-                        "--port",
-                        "8080",
-                        "--ctx-size",
-                        "512",
-                        "--parallel",
-                        "2",
-                    ],
-                    "env": [
-                        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
-                    ],
-                    "ports": [{"name": "http", "containerPort": 8080}],
-                    "readinessProbe": {
-                        "httpGet": {"path": "/health", "port": 8080},
-                        "periodSeconds": 1,
-                    },
-                    "securityContext": {
-                        "readOnlyRootFilesystem": True,
-                        "allowPrivilegeEscalation": False,
-                        "capabilities": {"drop": ["ALL"]},
-                    },
-                    "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
-                }
-            ],
-            "volumes": [
-                {
-                    "name": "models",
-                    "persistentVolumeClaim": {"claimName": "models", "readOnly": True},
-                }
-            ],
-        },
-    }
 
 
 def ready_pod(stack: LocalStack, namespace: str, name: str) -> dict[str, Any]:
@@ -99,22 +27,27 @@ def container_pid(pod: dict[str, Any]) -> int:
 
 
 def test_llama_server_pod_serves_and_stops(stack: LocalStack, namespace: str) -> None:
-    volume = model_claim(stack, namespace)
+    apply(stack, model_claim_manifest(name="models", namespace=namespace))
+    volume = claim_host_path(core=stack.core(), name="models", namespace=namespace)
     write_model(volume / "tiny.gguf", shape=ModelShape())
-    apply(stack, llama_pod("llama-a", namespace), llama_pod("llama-b", namespace))
+    pods = [
+        llama_pod_manifest(name=name, namespace=namespace, claim="models", model_file="tiny.gguf")
+        for name in ("llama-a", "llama-b")
+    ]
+    apply(stack, *pods)
     pod_a, pod_b = ready_pod(stack, namespace, "llama-a"), ready_pod(stack, namespace, "llama-b")
     ip_a, ip_b = pod_a["status"]["podIP"], pod_b["status"]["podIP"]
-    assert ip_a != ip_b, "every pod gets its own loopback IP so both can listen on 8080"
+    assert ip_a != ip_b, "every pod gets its own loopback IP so both can listen on the same port"
 
     with httpx.Client(timeout=30) as http:
         completion = http.post(
-            f"http://{ip_a}:8080/completion",
+            f"http://{ip_a}:{LLAMA_PORT}/completion",
             json={"prompt": "Hello", "n_predict": 8, "temperature": 0, "ignore_eos": True},
         )
         assert completion.status_code == 200
         assert completion.json()["tokens_predicted"] == 8
         chat = http.post(
-            f"http://{ip_b}:8080/v1/chat/completions",
+            f"http://{ip_b}:{LLAMA_PORT}/v1/chat/completions",
             json={
                 "messages": [{"role": "user", "content": "Hi"}],
                 "max_tokens": 4,
@@ -123,11 +56,8 @@ def test_llama_server_pod_serves_and_stops(stack: LocalStack, namespace: str) ->
         )
         assert chat.status_code == 200
         assert chat.json()["choices"][0]["message"]["role"] == "assistant"
-        props = http.get(f"http://{ip_a}:8080/props").json()
+        props = http.get(f"http://{ip_a}:{LLAMA_PORT}/props").json()
         assert props["total_slots"] == 2 and props["model_path"] == "/models/tiny.gguf"
-
-    # the model directory is read-only inside the pod even though the PV is writable
-    assert (volume / "tiny.gguf").exists()
 
     pid_a, pid_b = container_pid(pod_a), container_pid(pod_b)
     assert pid_alive(pid_a) and pid_alive(pid_b)

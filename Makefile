@@ -1,0 +1,36 @@
+# Two entry points: `make dev` (local stack + demo model) and `make test` (lint,
+# types, all tests on the real local stack). Both install what they need.
+SHELL := /bin/bash
+export UV_PYTHON_DOWNLOADS := never
+UV_VERSION := 0.13.8
+VENV := .venv/bin
+
+.PHONY: setup deps binaries dev test lint typecheck pytest bench
+
+setup: deps binaries
+
+deps:
+	@command -v uv >/dev/null 2>&1 || python3 -m pip install --quiet "uv==$(UV_VERSION)"
+	uv sync --frozen
+
+binaries:
+	bash deploy/local/build-k8s.sh >/dev/null
+	bash deploy/local/build-llama.sh >/dev/null
+
+dev: setup
+	$(VENV)/kama dev
+
+lint: deps
+	$(VENV)/ruff check .
+	$(VENV)/ruff format --check .
+
+typecheck: deps
+	$(VENV)/mypy
+
+pytest: setup
+	$(VENV)/pytest -p no:cacheprovider
+
+test: lint typecheck pytest
+
+bench: setup
+	$(VENV)/pytest -p no:cacheprovider tests/bench -s

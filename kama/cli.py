@@ -1,0 +1,87 @@
+"""The `kama` command: one entry point for Kama's processes and operator commands.
+
+Implemented so far: `kama dev` (the local stack with a demo model). The watcher,
+worker, gateway, importer and runtime processes arrive with their issues.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+import time
+from types import FrameType
+
+
+def _dev(args: argparse.Namespace) -> int:
+    # imported lazily: the local stack is development tooling, not part of Kama's runtime
+    from localstack.demo import LLAMA_PORT, run_demo
+    from localstack.stack import LocalStack
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    print("kama dev: building or finding binaries, then starting the local stack…", flush=True)
+    started = time.monotonic()
+    stack = LocalStack().start()
+    try:
+        pod_ip = run_demo(stack)
+        chat = (
+            f"curl -s http://{pod_ip}:{LLAMA_PORT}/v1/chat/completions -H 'Content-Type: application/json' "
+            """-d '{"messages":[{"role":"user","content":"Hello"}],"max_tokens":16}'"""
+        )
+        print(
+            "\n".join(
+                [
+                    "",
+                    f"Kama local stack is up ({time.monotonic() - started:.1f}s).",
+                    f"  export KUBECONFIG={stack.kubeconfig}",
+                    f"  kubectl:      {stack.binaries.kubectl}",
+                    f"  Temporal:     {stack.temporal.address}  (UI {stack.temporal.ui_url})",
+                    "  demo model:   kubectl -n kama-demo get pods -o wide",
+                    f"  chat:         {chat}",
+                    "",
+                    "Ctrl-C tears everything down.",
+                ]
+            ),
+            flush=True,
+        )
+        if args.exit_after is not None:
+            stop.wait(args.exit_after)
+        else:
+            stop.wait()
+    finally:
+        print("kama dev: stopping…", flush=True)
+        leftovers = stack.stop()
+        stack.remove_workdir()
+        if leftovers:
+            print(f"kama dev: had to kill leftover processes {leftovers}", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kama", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    dev = sub.add_parser(
+        "dev", help="run the local stack (cluster, process node, Temporal) with a demo model"
+    )
+    dev.add_argument(
+        "--exit-after", type=float, default=None, help="tear down after N seconds (for scripts)"
+    )
+    dev.set_defaults(func=_dev)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
