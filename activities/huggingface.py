@@ -1,0 +1,132 @@
+"""Hugging Face as an external system: resolve a revision to a commit and a file
+list through the real `huggingface_hub` client, and download files into the
+cache's staging area (resumable, hashed while they arrive, progress as heartbeats).
+
+Errors that retrying cannot fix (missing repo, revision or file; 401/403) are
+non-retryable `SourceUnavailable`; 5xx and broken transfers retry and resume. The
+token is read from a file at call time and never logged or returned.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+from huggingface_hub import HfApi, hf_hub_url
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HfHubHTTPError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.utils._headers import build_hf_headers
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.models import (
+    DownloadedFile,
+    DownloadRequest,
+    HuggingFaceSource,
+    ResolvedFile,
+    ResolvedSource,
+)
+from activities.storage import (
+    Download,
+    SourceUnavailable,
+    TransferInterrupted,
+    download_resumable,
+    staged_file,
+)
+from kama.gguf import MissingShard
+from kama.sources import FileSelectionError, SourceFile, entrypoint, select_files
+
+HEARTBEAT_EVERY_S = 1.0
+
+
+def _token(source: HuggingFaceSource) -> str | bool:
+    if source.token_path is None:
+        return False
+    return Path(source.token_path).read_text().strip()
+
+
+def _unavailable(message: str) -> ApplicationError:
+    return ApplicationError(message, type="SourceUnavailable", non_retryable=True)
+
+
+class HuggingFaceActivities:
+    def __init__(self, *, http: httpx.Client) -> None:
+        self.http = http
+
+    @activity.defn(name="Resolve Hugging Face source")
+    def resolve_source(self, source: HuggingFaceSource) -> ResolvedSource:
+        api = HfApi(endpoint=source.endpoint)
+        try:
+            info = api.model_info(
+                source.repo, revision=source.revision, files_metadata=True, token=_token(source)
+            )
+        except (RepositoryNotFoundError, GatedRepoError) as exc:
+            raise _unavailable(
+                f"repository {source.repo} not found or not accessible (HTTP {exc.response.status_code})"
+            ) from None
+        except RevisionNotFoundError:
+            raise _unavailable(f"revision {source.revision!r} not found in {source.repo}") from None
+        except HfHubHTTPError as exc:
+            code = exc.response.status_code
+            if code in (401, 403, 404):
+                raise _unavailable(f"{source.repo}: HTTP {code}") from None
+            raise  # 5xx and the like: retried
+        if not info.sha:
+            raise _unavailable(
+                f"{source.repo}@{source.revision}: the source did not resolve a commit"
+            )
+        available = [
+            SourceFile(
+                path=s.rfilename, size=int(s.size or 0), sha256=s.lfs.sha256 if s.lfs else None
+            )
+            for s in info.siblings or []
+        ]
+        try:
+            chosen = select_files(requested=source.files, available=available)
+        except MissingShard as exc:
+            raise ApplicationError(str(exc), type="MissingShard", non_retryable=True) from None
+        except FileSelectionError as exc:
+            raise _unavailable(str(exc)) from None
+        return ResolvedSource(
+            commit=info.sha,
+            files=[ResolvedFile(path=f.path, size=f.size, sha256=f.sha256) for f in chosen],
+            entrypoint=entrypoint(chosen),
+        )
+
+    @activity.defn(name="Download file into cache staging")
+    def download_file(self, request: DownloadRequest) -> DownloadedFile:
+        source = request.source
+        url = hf_hub_url(
+            source.repo, request.file.path, revision=request.commit, endpoint=source.endpoint
+        )
+        headers = build_hf_headers(token=_token(source), library_name="kama")
+        headers["Accept-Encoding"] = "identity"
+        target = staged_file(
+            root=Path(request.cache_root), operation_id=request.operation_id, path=request.file.path
+        )
+        last_beat = 0.0
+
+        def progress(done: int) -> None:
+            nonlocal last_beat
+            now = time.monotonic()
+            if now - last_beat >= HEARTBEAT_EVERY_S or done == request.file.size:
+                activity.heartbeat(done)
+                last_beat = now
+
+        try:
+            digest = download_resumable(
+                client=self.http,
+                source=Download(url=url, headers=headers, size=request.file.size),
+                target=target,
+                on_progress=progress,
+            )
+        except SourceUnavailable as exc:
+            raise _unavailable(str(exc)) from None
+        except TransferInterrupted as exc:
+            raise ApplicationError(str(exc), type="TransferInterrupted") from None
+        return DownloadedFile(path=request.file.path, size=request.file.size, sha256=digest)

@@ -1,0 +1,85 @@
+"""Inputs and outputs of Kama's activities and workflows (dataclasses, so Temporal's
+default converter carries them and fields can be added later). Secrets never
+appear here: a token is referenced by a file path that only the importer can read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class HuggingFaceSource:
+    endpoint: str
+    repo: str
+    revision: str
+    files: list[str]
+    token_path: str | None = None
+
+
+@dataclass(frozen=True)
+class ResolvedFile:
+    path: str
+    size: int
+    sha256: str | None
+
+
+@dataclass(frozen=True)
+class ResolvedSource:
+    commit: str
+    files: list[ResolvedFile]
+    entrypoint: str
+
+    @property
+    def total_size(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+@dataclass(frozen=True)
+class DownloadRequest:
+    source: HuggingFaceSource
+    commit: str
+    file: ResolvedFile
+    cache_root: str
+    operation_id: str
+
+
+@dataclass(frozen=True)
+class DownloadedFile:
+    path: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class SpaceRequest:
+    cache_root: str
+    needed_bytes: int
+
+
+@dataclass(frozen=True)
+class PublishRequest:
+    cache_root: str
+    operation_id: str
+    files: list[DownloadedFile]
+    entrypoint: str
+
+
+@dataclass(frozen=True)
+class PublishedArtifact:
+    manifest_digest: str
+    artifact_digest: str
+    total_size: int
+    directory: str
+    facts: dict[str, int | str | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LookupRequest:
+    cache_root: str
+    manifest_digest: str
+
+
+@dataclass(frozen=True)
+class DiscardRequest:
+    cache_root: str
+    operation_id: str

@@ -1,0 +1,45 @@
+"""Workflow tests run on a real Temporal dev server (no cluster needed) with the
+local Hub fixture as the model source."""
+
+from __future__ import annotations
+
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+
+from localstack.binaries import REPO_ROOT
+from localstack.hub import HubFixture
+from localstack.processes import sweep
+from localstack.temporal import TemporalDevServer, TemporalEndpoints
+
+
+@pytest.fixture(scope="session")
+def temporal_server() -> Iterator[TemporalEndpoints]:
+    stack_id = f"wf-{uuid.uuid4().hex[:8]}"
+    workdir = Path(tempfile.mkdtemp(prefix="kama-temporal-"))
+    server = TemporalDevServer(
+        temporal=REPO_ROOT / ".venv" / "bin" / "temporal", workdir=workdir, stack_id=stack_id
+    )
+    endpoints = server.start()
+    try:
+        yield endpoints
+    finally:
+        server.stop()
+        sweep(stack_id=stack_id)
+
+
+@pytest.fixture
+async def temporal_client(temporal_server: TemporalEndpoints) -> AsyncIterator[Client]:
+    yield await Client.connect(temporal_server.address)
+
+
+@pytest.fixture
+def hub() -> Iterator[HubFixture]:
+    fixture = HubFixture()
+    fixture.start()
+    yield fixture
+    fixture.stop()

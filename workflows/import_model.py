@@ -1,0 +1,222 @@
+"""ImportWorkflow: get a model's bytes from its source into the cache, proven.
+
+Resolve the source once (revision → commit, file list, sizes, the source's sha256),
+reuse an already published blob with the same manifest, otherwise check free space,
+download each file on the importer's task queue (next to the cache volume; resumable
+and hashed in one pass), compare every sha256, inspect the GGUF header and publish
+atomically. Bad sources and bad bytes end it with a typed, non-retryable error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.cache import CacheActivities
+    from activities.huggingface import HuggingFaceActivities
+    from activities.models import (
+        DiscardRequest,
+        DownloadedFile,
+        DownloadRequest,
+        HuggingFaceSource,
+        LookupRequest,
+        PublishedArtifact,
+        PublishRequest,
+        ResolvedSource,
+        SpaceRequest,
+    )
+    from kama.cache_layout import Manifest, ManifestFile
+
+RESOLVE_TIMEOUT = timedelta(minutes=2)
+SOURCE_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=10,
+)
+DOWNLOAD_TIMEOUT = timedelta(hours=6)
+DOWNLOAD_HEARTBEAT_TIMEOUT = timedelta(seconds=30)
+DOWNLOAD_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    maximum_interval=timedelta(minutes=1),
+    backoff_coefficient=2.0,
+)
+CACHE_TIMEOUT = timedelta(hours=1)
+CACHE_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30)
+)
+
+
+@dataclass(frozen=True)
+class ImportInput:
+    operation_id: str
+    source: HuggingFaceSource
+    cache_root: str
+    importer_task_queue: str
+    expected_sha256: str | None = None
+    expected_size: int | None = None
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    commit: str
+    files: list[DownloadedFile]
+    artifact: PublishedArtifact
+    reused: bool
+
+
+@dataclass
+class ImportStatus:
+    phase: str = "Resolving"
+    commit: str | None = None
+    files_done: int = 0
+    files_total: int = 0
+    bytes_total: int = 0
+    reused: bool = False
+    last_error: str | None = None
+    files: list[str] = field(default_factory=list)
+
+
+def _mismatch(message: str) -> ApplicationError:
+    return ApplicationError(message, type="ChecksumMismatch", non_retryable=True)
+
+
+@workflow.defn(name="Import model")
+class ImportWorkflow:
+    def __init__(self) -> None:
+        self._status = ImportStatus()
+
+    @workflow.query(name="status")
+    def status(self) -> ImportStatus:
+        return self._status
+
+    @workflow.run
+    async def run(self, request: ImportInput) -> ImportResult:
+        resolved: ResolvedSource = await workflow.execute_activity_method(
+            HuggingFaceActivities.resolve_source,
+            request.source,
+            start_to_close_timeout=RESOLVE_TIMEOUT,
+            retry_policy=SOURCE_RETRY,
+        )
+        self._status.commit = resolved.commit
+        self._status.files = [f.path for f in resolved.files]
+        self._status.files_total = len(resolved.files)
+        self._status.bytes_total = resolved.total_size
+        self._check_expectations(request, resolved)
+
+        reused = await self._published_already(request, resolved)
+        if reused is not None:
+            self._status.phase, self._status.reused = "Published", True
+            return reused
+
+        self._status.phase = "Importing"
+        await workflow.execute_activity_method(
+            CacheActivities.ensure_space,
+            SpaceRequest(cache_root=request.cache_root, needed_bytes=resolved.total_size),
+            task_queue=request.importer_task_queue,
+            start_to_close_timeout=CACHE_TIMEOUT,
+            retry_policy=CACHE_RETRY,
+        )
+        downloaded: list[DownloadedFile] = []
+        for file in resolved.files:
+            result: DownloadedFile = await workflow.execute_activity_method(
+                HuggingFaceActivities.download_file,
+                DownloadRequest(
+                    source=request.source,
+                    commit=resolved.commit,
+                    file=file,
+                    cache_root=request.cache_root,
+                    operation_id=request.operation_id,
+                ),
+                task_queue=request.importer_task_queue,
+                start_to_close_timeout=DOWNLOAD_TIMEOUT,
+                heartbeat_timeout=DOWNLOAD_HEARTBEAT_TIMEOUT,
+                retry_policy=DOWNLOAD_RETRY,
+            )
+            expected = file.sha256
+            if len(resolved.files) == 1 and request.expected_sha256:
+                expected = request.expected_sha256
+            if expected is not None and result.sha256 != expected:
+                await self._discard(request)
+                self._status.last_error = f"{file.path}: sha256 {result.sha256} != {expected}"
+                raise _mismatch(self._status.last_error)
+            downloaded.append(result)
+            self._status.files_done += 1
+
+        self._status.phase = "Publishing"
+        artifact: PublishedArtifact = await workflow.execute_activity_method(
+            CacheActivities.publish,
+            PublishRequest(
+                cache_root=request.cache_root,
+                operation_id=request.operation_id,
+                files=downloaded,
+                entrypoint=resolved.entrypoint,
+            ),
+            task_queue=request.importer_task_queue,
+            start_to_close_timeout=CACHE_TIMEOUT,
+            retry_policy=CACHE_RETRY,
+        )
+        self._status.phase = "Published"
+        return ImportResult(
+            commit=resolved.commit, files=downloaded, artifact=artifact, reused=False
+        )
+
+    def _check_expectations(self, request: ImportInput, resolved: ResolvedSource) -> None:
+        if request.expected_size is not None and resolved.total_size != request.expected_size:
+            raise _mismatch(
+                f"source has {resolved.total_size} bytes, spec.expectedSize is {request.expected_size}"
+            )
+        if request.expected_sha256 and len(resolved.files) == 1:
+            claimed = resolved.files[0].sha256
+            if claimed is not None and claimed != request.expected_sha256:
+                raise _mismatch(
+                    f"source reports sha256 {claimed}, spec.expectedSHA256 is {request.expected_sha256}"
+                )
+
+    async def _published_already(
+        self, request: ImportInput, resolved: ResolvedSource
+    ) -> ImportResult | None:
+        if any(f.sha256 is None for f in resolved.files):
+            return None
+        files = [
+            DownloadedFile(path=f.path, size=f.size, sha256=f.sha256 or "") for f in resolved.files
+        ]
+        manifest = Manifest.build(
+            files=[ManifestFile(path=f.path, size=f.size, sha256=f.sha256) for f in files],
+            entrypoint=resolved.entrypoint,
+        )
+        found: bool = await workflow.execute_activity_method(
+            CacheActivities.lookup,
+            LookupRequest(cache_root=request.cache_root, manifest_digest=manifest.digest),
+            task_queue=request.importer_task_queue,
+            start_to_close_timeout=CACHE_TIMEOUT,
+            retry_policy=CACHE_RETRY,
+        )
+        if not found:
+            return None
+        artifact: PublishedArtifact = await workflow.execute_activity_method(
+            CacheActivities.publish,
+            PublishRequest(
+                cache_root=request.cache_root,
+                operation_id=request.operation_id,
+                files=files,
+                entrypoint=resolved.entrypoint,
+            ),
+            task_queue=request.importer_task_queue,
+            start_to_close_timeout=CACHE_TIMEOUT,
+            retry_policy=CACHE_RETRY,
+        )
+        return ImportResult(commit=resolved.commit, files=files, artifact=artifact, reused=True)
+
+    async def _discard(self, request: ImportInput) -> None:
+        await workflow.execute_activity_method(
+            CacheActivities.discard_staging,
+            DiscardRequest(cache_root=request.cache_root, operation_id=request.operation_id),
+            task_queue=request.importer_task_queue,
+            start_to_close_timeout=CACHE_TIMEOUT,
+            retry_policy=CACHE_RETRY,
+        )
