@@ -55,12 +55,16 @@ def _unavailable(message: str) -> ApplicationError:
 
 
 class HuggingFaceActivities:
-    def __init__(self, *, http: httpx.Client) -> None:
+    def __init__(self, *, http: httpx.Client, endpoint: str = "https://huggingface.co") -> None:
         self.http = http
+        self.endpoint = endpoint
+
+    def _endpoint(self, source: HuggingFaceSource) -> str:
+        return source.endpoint or self.endpoint
 
     @activity.defn(name="Resolve Hugging Face source")
     def resolve_source(self, source: HuggingFaceSource) -> ResolvedSource:
-        api = HfApi(endpoint=source.endpoint)
+        api = HfApi(endpoint=self._endpoint(source))
         try:
             info = api.model_info(
                 source.repo, revision=source.revision, files_metadata=True, token=_token(source)
@@ -102,7 +106,7 @@ class HuggingFaceActivities:
     def download_file(self, request: DownloadRequest) -> DownloadedFile:
         source = request.source
         url = hf_hub_url(
-            source.repo, request.file.path, revision=request.commit, endpoint=source.endpoint
+            source.repo, request.file.path, revision=request.commit, endpoint=self._endpoint(source)
         )
         headers = build_hf_headers(token=_token(source), library_name="kama")
         headers["Accept-Encoding"] = "identity"

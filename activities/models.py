@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class HuggingFaceSource:
-    endpoint: str
     repo: str
     revision: str
     files: list[str]
     token_path: str | None = None
+    endpoint: str = ""  # empty: the Hub endpoint the importer is configured with
 
 
 @dataclass(frozen=True)

@@ -117,7 +117,9 @@ def download_resumable(
                 if offset and response.status_code != 206:
                     raise TransferInterrupted("source ignored the Range request")
                 with target.open("ab") as out:
-                    for block in response.iter_raw():  # as bytes arrive: nothing buffered is lost on a break
+                    for block in (
+                        response.iter_raw()
+                    ):  # as bytes arrive: nothing buffered is lost on a break
                         out.write(block)
                         digest.update(block)
                         offset += len(block)

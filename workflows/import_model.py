@@ -76,6 +76,7 @@ class ImportStatus:
     files_done: int = 0
     files_total: int = 0
     bytes_total: int = 0
+    bytes_completed: int = 0  # bytes of the files already downloaded
     reused: bool = False
     last_error: str | None = None
     files: list[str] = field(default_factory=list)
@@ -99,6 +100,7 @@ class ImportWorkflow:
         resolved: ResolvedSource = await workflow.execute_activity_method(
             HuggingFaceActivities.resolve_source,
             request.source,
+            task_queue=request.importer_task_queue,  # the token is readable only there
             start_to_close_timeout=RESOLVE_TIMEOUT,
             retry_policy=SOURCE_RETRY,
         )
@@ -146,6 +148,7 @@ class ImportWorkflow:
                 raise _mismatch(self._status.last_error)
             downloaded.append(result)
             self._status.files_done += 1
+            self._status.bytes_completed += result.size
 
         self._status.phase = "Publishing"
         artifact: PublishedArtifact = await workflow.execute_activity_method(

@@ -13,7 +13,6 @@ which need the previous object and only the apiserver has it.
 from __future__ import annotations
 
 import re
-from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal, Self
 
@@ -67,8 +66,8 @@ __all__ = [
     "ModelArtifact",
     "ModelArtifactSpec",
     "ModelArtifactStatus",
-    "PersistentVolumeClaimSource",
     "PVCSourceMode",
+    "PersistentVolumeClaimSource",
     "ServingLocation",
     "short_digest_of",
 ]
@@ -163,8 +162,7 @@ PVC_PATH_RULES: Final = relative_path_rules("spec.source.persistentVolumeClaim.p
 ONE_SOURCE_RULE: Final = CelRule(
     rule="has(self.huggingFace) != has(self.persistentVolumeClaim)",
     message=(
-        "exactly one of spec.source.huggingFace or spec.source.persistentVolumeClaim"
-        " must be set"
+        "exactly one of spec.source.huggingFace or spec.source.persistentVolumeClaim must be set"
     ),
 )
 
@@ -198,9 +196,7 @@ CACHE_FORBIDDEN_FOR_DIRECT_RULE: Final = CelRule(
 
 def _immutable_once_set(field: str) -> CelRule:
     return CelRule(
-        rule=(
-            f"!has(oldSelf.{field}) || (has(self.{field}) && self.{field} == oldSelf.{field})"
-        ),
+        rule=(f"!has(oldSelf.{field}) || (has(self.{field}) && self.{field} == oldSelf.{field})"),
         message=f"spec.{field} is immutable once set",
         field_path=f".{field}",
     )

@@ -39,6 +39,7 @@ __all__ = [
     "MODELCACHE_SINGULAR",
     "ONE_STORAGE_RULE",
     "QUANTITY_PATTERN",
+    "SIZE_NO_SHRINK_RULE",
     "STORAGE_CLASS_IMMUTABLE_RULE",
     "CacheConditionType",
     "ClaimTemplate",
@@ -79,8 +80,7 @@ ONE_STORAGE_RULE: Final = CelRule(
 )
 DELETE_NEEDS_TEMPLATE_RULE: Final = CelRule(
     rule=(
-        "!has(self.retentionPolicy) || self.retentionPolicy != 'Delete'"
-        " || has(self.claimTemplate)"
+        "!has(self.retentionPolicy) || self.retentionPolicy != 'Delete' || has(self.claimTemplate)"
     ),
     message=(
         "spec.retentionPolicy Delete is only allowed with spec.claimTemplate"
@@ -122,6 +122,12 @@ ACCESS_MODES_IMMUTABLE_RULE: Final = CelRule(
 CLAIM_TEMPLATE_RULES: Final = (STORAGE_CLASS_IMMUTABLE_RULE, ACCESS_MODES_IMMUTABLE_RULE)
 """CEL transition rules on ModelCache.spec.claimTemplate (its size may still grow)."""
 
+SIZE_NO_SHRINK_RULE: Final = CelRule(
+    rule="quantity(self).compareTo(quantity(oldSelf)) >= 0",
+    message="spec.claimTemplate.size is immutable except to grow (a claim cannot shrink)",
+)
+"""CEL transition rule on ModelCache.spec.claimTemplate.size (Kubernetes quantity library)."""
+
 
 class ExistingClaim(SpecModel):
     """An existing PersistentVolumeClaim in the cache's namespace. Kama uses it but never
@@ -140,7 +146,12 @@ class ClaimTemplate(SpecModel):
         default=None, max_length=253, pattern=f"^$|{DNS_SUBDOMAIN_PATTERN}"
     )
     """StorageClass of the claim; omitted: the cluster default; empty: no class."""
-    size: str = Field(min_length=1, max_length=64, pattern=QUANTITY_PATTERN)
+    size: str = Field(
+        min_length=1,
+        max_length=64,
+        pattern=QUANTITY_PATTERN,
+        json_schema_extra=cel(SIZE_NO_SHRINK_RULE),
+    )
     """Requested capacity, a quantity such as 200Gi. It may grow (if the StorageClass
     allows expansion), never shrink."""
     access_modes: list[AccessMode] = Field(

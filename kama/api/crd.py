@@ -174,9 +174,7 @@ def _merge(*, base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, 
     return out
 
 
-def _structural(
-    node: Mapping[str, Any], *, defs: Mapping[str, Any], where: str
-) -> dict[str, Any]:
+def _structural(node: Mapping[str, Any], *, defs: Mapping[str, Any], where: str) -> dict[str, Any]:
     rest = {k: v for k, v in node.items() if k not in ("$ref", "anyOf", "allOf", "oneOf")}
     if "oneOf" in node:
         raise SchemaError(f"{where}: oneOf cannot be expressed structurally")
@@ -352,9 +350,7 @@ def crd_manifest(
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": [c.to_manifest() for c in printer_columns],
                     "schema": {
-                        "openAPIV3Schema": openapi_schema(
-                            model, spec_validations=spec_validations
-                        )
+                        "openAPIV3Schema": openapi_schema(model, spec_validations=spec_validations)
                     },
                 }
             ],

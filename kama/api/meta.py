@@ -25,9 +25,9 @@ from pydantic.alias_generators import to_camel
 __all__ = [
     "API_VERSION",
     "DNS_SUBDOMAIN_PATTERN",
-    "RELATIVE_PATH_PATTERN",
     "FINALIZER",
     "GROUP",
+    "RELATIVE_PATH_PATTERN",
     "VERSION",
     "AccessMode",
     "CelRule",
@@ -238,4 +238,3 @@ def check_relative_path(value: str, *, field: str) -> str:
     if _CONTROL.search(value):
         raise ValueError(f"{field} must not contain control characters")
     return value
-

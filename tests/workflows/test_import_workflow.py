@@ -44,13 +44,12 @@ async def workers(temporal_client: Client) -> AsyncIterator[Workers]:
             temporal_client,
             task_queue=queues.control_queue,
             workflows=[ImportWorkflow],
-            activities=[hf.resolve_source],
-            activity_executor=pool,
         )
         importer = Worker(
             temporal_client,
             task_queue=queues.importer_queue,
             activities=[
+                hf.resolve_source,
                 hf.download_file,
                 cache.ensure_space,
                 cache.lookup,
@@ -74,7 +73,7 @@ async def run_import(
 ) -> ImportResult:
     request = ImportInput(
         operation_id=f"op-{uuid.uuid4().hex[:8]}",
-        source=HuggingFaceSource(endpoint=hub.url, repo=repo, revision="main", files=files),
+        source=HuggingFaceSource(repo=repo, revision="main", files=files, endpoint=hub.url),
         cache_root=str(cache),
         importer_task_queue=queues.importer_queue,
         **extra,  # type: ignore[arg-type]
