@@ -110,6 +110,7 @@ class KubeActivities:
                 patch.kind_plural,
                 patch.ref.name,
                 {"status": patch.status},
+                _content_type="application/merge-patch+json",
             )
         except k8s.ApiException as exc:
             _not_found_ok(exc)
@@ -225,7 +226,7 @@ class KubeActivities:
                     "secret": {
                         "secretName": request.token_secret,
                         "items": [{"key": request.token_key, "path": "token"}],
-                        "defaultMode": 0o400,
+                        "defaultMode": 0o440,
                     },
                 }
             )
@@ -257,7 +258,12 @@ class KubeActivities:
                 "restartPolicy": "Always",
                 "automountServiceAccountToken": False,
                 "terminationGracePeriodSeconds": 10,
-                "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532},
+                "securityContext": {
+                    "runAsNonRoot": True,
+                    "runAsUser": 65532,
+                    "runAsGroup": 65532,
+                    "fsGroup": 65532,
+                },
                 "containers": [
                     {
                         "name": "importer",
@@ -272,6 +278,7 @@ class KubeActivities:
                                 "name": "KAMA_TEMPORAL_NAMESPACE",
                                 "value": self.importer.temporal_namespace,
                             },
+                            {"name": "KAMA_HF_ENDPOINT", "value": self.importer.hf_endpoint},
                         ],
                         "securityContext": {
                             "readOnlyRootFilesystem": True,
@@ -344,7 +351,13 @@ class KubeActivities:
         ]
         try:  # a list body is sent as a JSON patch; a failed test (object changed) is retried
             self.custom.patch_namespaced_custom_object(
-                GROUP, VERSION, ref.namespace, ARTIFACTS, ref.name, patch
+                GROUP,
+                VERSION,
+                ref.namespace,
+                ARTIFACTS,
+                ref.name,
+                patch,
+                _content_type="application/json-patch+json",
             )
         except k8s.ApiException as exc:
             _not_found_ok(exc)

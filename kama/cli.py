@@ -1,17 +1,24 @@
 """The `kama` command: one entry point for Kama's processes and operator commands.
 
-Implemented so far: `kama dev` (the local stack with a demo model). The watcher,
-worker, gateway, importer and runtime processes arrive with their issues.
+Implemented: `kama worker` (Temporal worker for workflows and control activities),
+`kama watcher` (CRD watch → workflow signals), `kama importer` (activity worker next
+to a cache volume) and `kama dev` (the local stack with a demo model). The gateway
+and the runtime supervisor arrive with their issues.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
+import os
 import signal
 import sys
 import threading
 import time
 from types import FrameType
+
+from kama.config import Settings
 
 
 def _dev(args: argparse.Namespace) -> int:
@@ -64,6 +71,32 @@ def _dev(args: argparse.Namespace) -> int:
     return 0
 
 
+def _settings() -> Settings:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return Settings.from_env(os.environ)
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from activities.workers import run_worker
+
+    asyncio.run(run_worker(_settings()))
+    return 0
+
+
+def _watcher(args: argparse.Namespace) -> int:
+    from watcher.main import run_watcher_process
+
+    asyncio.run(run_watcher_process(_settings()))
+    return 0
+
+
+def _importer(args: argparse.Namespace) -> int:
+    from activities.workers import run_importer
+
+    asyncio.run(run_importer(_settings(), task_queue=args.task_queue))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kama", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -74,6 +107,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--exit-after", type=float, default=None, help="tear down after N seconds (for scripts)"
     )
     dev.set_defaults(func=_dev)
+    sub.add_parser(
+        "worker", help="run the Temporal worker (workflows, Kubernetes activities)"
+    ).set_defaults(func=_worker)
+    sub.add_parser("watcher", help="watch Kama resources and signal their workflows").set_defaults(
+        func=_watcher
+    )
+    importer = sub.add_parser(
+        "importer", help="run download/hash/publish activities next to a cache volume"
+    )
+    importer.add_argument(
+        "--task-queue", required=True, help="the per-operation task queue to poll"
+    )
+    importer.set_defaults(func=_importer)
     return parser
 
 

@@ -21,7 +21,7 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from localstack.binaries import Binaries, ensure_binaries
+from localstack.binaries import REPO_ROOT, Binaries, ensure_binaries
 from localstack.cluster import ClusterEndpoints, LocalCluster
 from localstack.processes import ManagedProcess, free_port, sweep, wait_until
 from localstack.processnode.config import NodeConfig
@@ -33,6 +33,7 @@ log = logging.getLogger("localstack")
 NODE_NAME = "kama-local"
 LLAMA_IMAGE = "ghcr.io/ggml-org/llama.cpp:server-b11434"
 SHELL_IMAGE = "docker.io/library/busybox:1.37"
+KAMA_IMAGE = "kama.dev/kama:dev"  # Kama's own processes, run from this checkout's venv
 
 
 def ensure_traversable(path: Path) -> None:
@@ -52,7 +53,15 @@ def default_image_map(binaries: Binaries) -> dict[str, Any]:
         "images": {
             LLAMA_IMAGE: {"entrypoint": [str(binaries.llama_server)]},
             SHELL_IMAGE: {"cmd": ["sh"]},
-            "kama.dev/python:3.11": {"entrypoint": [sys.executable]},
+            KAMA_IMAGE: {
+                "entrypoint": [sys.executable, "-m", "kama.cli"],
+                "env": {
+                    "PYTHONDONTWRITEBYTECODE": "1",
+                    "HF_HUB_DISABLE_TELEMETRY": "1",
+                    "HOME": "/tmp",
+                },
+                "workingDir": str(REPO_ROOT),
+            },
         }
     }
 
@@ -134,6 +143,7 @@ class LocalStack:
         assert self._cluster is not None
         self.image_map_path.write_text(yaml.safe_dump(default_image_map(self.binaries)))
         ensure_traversable(self.binaries.llama_server)
+        ensure_traversable(Path(sys.executable).resolve())
         # data under the work dir is bind-mounted by root; only the root-owned tmp dir needs x
         self.workdir.chmod(0o711)
         kubelet = self.cluster.ca.issue(

@@ -3,13 +3,19 @@ started once for all integration tests and torn down at the end."""
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 
-from localstack.processes import processes_with_marker
-from localstack.stack import LocalStack
+from localstack.binaries import REPO_ROOT
+from localstack.hub import HubFixture
+from localstack.processes import ManagedProcess, processes_with_marker
+from localstack.stack import KAMA_IMAGE, LocalStack
 from tests.support import eventually, kubectl
 
 
@@ -21,7 +27,10 @@ def stack() -> Iterator[LocalStack]:
     finally:
         leftovers = local.stop()
         still = processes_with_marker(stack_id=local.stack_id)
-        local.remove_workdir()
+        if os.environ.get("KAMA_KEEP_STACK"):
+            print(f"\nstack work dir kept: {local.workdir}")
+        else:
+            local.remove_workdir()
         assert not still, f"processes left after teardown: {still}"
         assert not leftovers, f"teardown had to sweep processes: {leftovers}"
 
@@ -41,3 +50,82 @@ def namespace(stack: LocalStack) -> Iterator[str]:
     )
     yield name
     kubectl(stack, "delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="session")
+def crds(stack: LocalStack) -> LocalStack:
+    """Kama's generated CRDs, installed and served."""
+    kubectl(stack, "apply", "-f", str(REPO_ROOT / "deploy" / "crds"))
+    for plural in ("modelartifacts", "modelcaches"):
+        kubectl(
+            stack, "wait", "--for=condition=Established", f"crd/{plural}.kama.dev", "--timeout=60s"
+        )
+    eventually(
+        lambda: kubectl(stack, "get", "ma,mc", "-A", check=False).returncode == 0,
+        timeout=30,
+        what="modelartifacts and modelcaches in discovery",
+    )
+    return stack
+
+
+@pytest.fixture(scope="session")
+def hub() -> Iterator[HubFixture]:
+    """The local Hugging Face Hub that Kama's importers download from."""
+    fixture = HubFixture()
+    fixture.start()
+    yield fixture
+    fixture.stop()
+
+
+@dataclass
+class KamaControl:
+    """Kama's worker and watcher running as processes against the local stack."""
+
+    stack: LocalStack
+    hub: HubFixture
+    env: dict[str, str]
+    worker: ManagedProcess
+    watcher: ManagedProcess
+
+    def restart_worker(self) -> None:
+        self.worker.stop(grace=0)
+        self.worker = _kama_process(self.stack, "worker", self.env)
+
+    def kill_worker(self) -> None:
+        os.killpg(self.worker.pid, signal.SIGKILL)
+        self.worker.popen.wait(timeout=10)
+
+
+def _kama_process(stack: LocalStack, command: str, env: dict[str, str]) -> ManagedProcess:
+    return ManagedProcess(
+        name=f"kama-{command}",
+        argv=[sys.executable, "-m", "kama.cli", command],
+        log_path=stack.workdir / "logs" / f"kama-{command}.log",
+        stack_id=stack.stack_id,
+        env={**os.environ, **env},
+        cwd=REPO_ROOT,
+    )
+
+
+@pytest.fixture(scope="session")
+def kama_control(crds: LocalStack, hub: HubFixture) -> Iterator[KamaControl]:
+    stack = crds
+    env = {
+        "KUBECONFIG": str(stack.kubeconfig),
+        "KAMA_TEMPORAL_ADDRESS": stack.temporal.address,
+        "KAMA_HF_ENDPOINT": hub.url,
+        "KAMA_IMPORTER_IMAGE": KAMA_IMAGE,
+        "KAMA_CONTROL_QUEUE": f"kama-control-{uuid.uuid4().hex[:6]}",
+    }
+    control = KamaControl(
+        stack=stack,
+        hub=hub,
+        env=env,
+        worker=_kama_process(stack, "worker", env),
+        watcher=_kama_process(stack, "watcher", env),
+    )
+    try:
+        yield control
+    finally:
+        control.watcher.stop(grace=5)
+        control.worker.stop(grace=5)

@@ -138,7 +138,9 @@ class Container:
                 "setpriv",
                 f"--reuid={run_as_user}",
                 f"--regid={run_as_group if run_as_group is not None else run_as_user}",
-                "--clear-groups",
+                f"--groups={pod_sc.fs_group}"
+                if pod_sc and pod_sc.fs_group is not None
+                else "--clear-groups",
                 *(["--no-new-privs"] if sc and sc.allow_privilege_escalation is False else []),
                 "--",
                 *argv,

@@ -162,17 +162,22 @@ class ProcessNode:
 
     def _renew_lease(self, node: str) -> None:
         now = _now()
-        body = k8s.V1Lease(
-            metadata=k8s.V1ObjectMeta(name=node, namespace="kube-node-lease"),
-            spec=k8s.V1LeaseSpec(
-                holder_identity=node, lease_duration_seconds=_LEASE_S, renew_time=now
-            ),
-        )
         try:
-            self.coordination.replace_namespaced_lease(node, "kube-node-lease", body)
+            self.coordination.patch_namespaced_lease(
+                node,
+                "kube-node-lease",
+                {"spec": {"renewTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}},
+                _content_type="application/merge-patch+json",
+            )
         except k8s.ApiException as exc:
             if exc.status != 404:
                 raise
+            body = k8s.V1Lease(
+                metadata=k8s.V1ObjectMeta(name=node, namespace="kube-node-lease"),
+                spec=k8s.V1LeaseSpec(
+                    holder_identity=node, lease_duration_seconds=_LEASE_S, renew_time=now
+                ),
+            )
             self.coordination.create_namespaced_lease("kube-node-lease", body)
 
     def _heartbeat_loop(self) -> None:

@@ -44,6 +44,11 @@ def _write_items(
         )
 
 
+def _give_group(root: Path, gid: int) -> None:
+    for path in [root, *root.rglob("*")]:
+        os.chown(path, -1, gid, follow_symlinks=False)
+
+
 def _field_value(pod: Any, field_path: str) -> str:
     meta = pod.metadata
     simple = {
@@ -75,8 +80,13 @@ class VolumeBuilder:
 
     def build(self, pod: Any) -> dict[str, HostVolume]:
         result: dict[str, HostVolume] = {}
+        sc = pod.spec.security_context
+        fs_group = sc.fs_group if sc is not None else None
         for volume in pod.spec.volumes or []:
-            result[volume.name] = self._build_one(pod, volume)
+            built = self._build_one(pod, volume)
+            if fs_group is not None and (built.always_read_only or volume.empty_dir is not None):
+                _give_group(built.path, fs_group)  # what the kubelet does for fsGroup
+            result[volume.name] = built
         return result
 
     def _build_one(self, pod: Any, volume: Any) -> HostVolume:

@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from kama.api import GROUP, MODELARTIFACT_PLURAL, MODELCACHE_PLURAL
 from localstack.stack import LocalStack
-from tests.support import eventually, get_json, kubectl
+from tests.support import get_json, kubectl
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_DIR = ROOT / "deploy" / "crds"
@@ -237,22 +236,6 @@ def apply_doc(
     return kubectl(
         stack, "apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(doc), check=False
     )
-
-
-@pytest.fixture(scope="module")
-def crds(stack: LocalStack) -> LocalStack:
-    """The generated CRDs, installed and served (applied once per module)."""
-    kubectl(stack, "apply", "-f", str(CRD_DIR))
-    for plural in (MODELARTIFACT_PLURAL, MODELCACHE_PLURAL):
-        kubectl(
-            stack, "wait", "--for=condition=Established", f"crd/{plural}.{GROUP}", "--timeout=60s"
-        )
-    eventually(
-        lambda: kubectl(stack, "get", "ma,mc", "-A", check=False).returncode == 0,
-        timeout=30,
-        what="modelartifacts and modelcaches in discovery",
-    )
-    return stack
 
 
 def test_examples_are_accepted_and_listed(crds: LocalStack, namespace: str) -> None:

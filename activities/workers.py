@@ -1,0 +1,107 @@
+"""Wiring of the Temporal worker processes (`kama worker`, `kama importer`): one
+function each that builds the clients, registers workflows and activities, and runs
+until SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from kama.config import Settings
+
+log = logging.getLogger("kama")
+
+
+def kube_api() -> k8s.ApiClient:
+    """In-cluster credentials inside a pod, else KUBECONFIG / ~/.kube/config."""
+    try:
+        k8s_config.load_incluster_config()
+    except k8s_config.ConfigException:
+        k8s_config.load_kube_config()
+    return k8s.ApiClient()
+
+
+def _stop_on_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+
+async def run_worker(settings: Settings) -> None:
+    from activities.kube import ImporterSettings, KubeActivities
+    from activities.progress import ProgressActivities
+    from workflows.artifact import ArtifactWorkflow
+    from workflows.import_model import ImportWorkflow
+
+    client = await Client.connect(settings.temporal_address, namespace=settings.temporal_namespace)
+    kube = KubeActivities(
+        api=kube_api(),
+        importer=ImporterSettings(
+            image=settings.importer_image,
+            temporal_address=settings.importer_temporal_address or settings.temporal_address,
+            temporal_namespace=settings.temporal_namespace,
+            hf_endpoint=settings.hf_endpoint,
+        ),
+    )
+    progress = ProgressActivities(client=client)
+    stop = asyncio.Event()
+    _stop_on_signals(asyncio.get_running_loop(), stop)
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        worker = Worker(
+            client,
+            task_queue=settings.control_queue,
+            workflows=[ArtifactWorkflow, ImportWorkflow],
+            activities=[
+                kube.patch_status,
+                kube.record_event,
+                kube.cache_claim,
+                kube.ensure_importer_pod,
+                kube.delete_pod,
+                kube.artifact_users,
+                kube.release_finalizer,
+                progress.import_progress,
+            ],
+            activity_executor=pool,
+        )
+        async with worker:
+            log.info("worker polling %s on %s", settings.control_queue, settings.temporal_address)
+            await stop.wait()
+
+
+async def run_importer(settings: Settings, *, task_queue: str) -> None:
+    from activities.cache import CacheActivities
+    from activities.huggingface import HuggingFaceActivities
+
+    client = await Client.connect(settings.temporal_address, namespace=settings.temporal_namespace)
+    stop = asyncio.Event()
+    _stop_on_signals(asyncio.get_running_loop(), stop)
+    with (
+        httpx.Client(timeout=httpx.Timeout(60, connect=10), follow_redirects=True) as http,
+        ThreadPoolExecutor(max_workers=4) as pool,
+    ):
+        hf = HuggingFaceActivities(http=http, endpoint=settings.hf_endpoint)
+        cache = CacheActivities()
+        worker = Worker(
+            client,
+            task_queue=task_queue,
+            activities=[
+                hf.resolve_source,
+                hf.download_file,
+                cache.ensure_space,
+                cache.lookup,
+                cache.publish,
+                cache.discard_staging,
+            ],
+            activity_executor=pool,
+        )
+        async with worker:
+            log.info("importer polling %s (pid %d)", task_queue, os.getpid())
+            await stop.wait()

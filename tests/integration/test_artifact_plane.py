@@ -1,0 +1,244 @@
+"""The artifact plane end to end on the local stack: `kubectl apply` of a cache and a
+Hugging Face artifact → the watcher starts the entity workflow, an importer pod
+downloads next to the cache volume, and the artifact becomes Ready with the right
+commit, digests, facts and progress; bad bytes, missing sources and deletion behave."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Any
+
+from kama.testing.gguf_factory import ModelShape, write_model
+from localstack.hub import Fault
+from tests.conftest import KamaControl
+from tests.support import apply, eventually, get_json, kubectl
+
+READY_TIMEOUT = 120
+
+
+def cache(namespace: str, name: str = "models") -> dict[str, Any]:
+    return {
+        "apiVersion": "kama.dev/v1alpha1",
+        "kind": "ModelCache",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"claimTemplate": {"size": "2Gi", "accessModes": ["ReadWriteOnce"]}},
+    }
+
+
+def hf_artifact(
+    namespace: str, name: str, repo: str, files: list[str], **extra: Any
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "kama.dev/v1alpha1",
+        "kind": "ModelArtifact",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "source": {"huggingFace": {"repo": repo, "revision": "main", "files": files, **extra}},
+            "cacheRef": {"name": "models"},
+        },
+    }
+
+
+def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == kind), None)
+
+
+def wait_condition(
+    control: KamaControl, namespace: str, name: str, kind: str, status: str = "True"
+) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        control.worker.check_alive()
+        control.watcher.check_alive()
+        obj = get_json(control.stack, "modelartifact", name, "-n", namespace)
+        found = condition(obj, kind)
+        return obj if found and found["status"] == status else None
+
+    return eventually(check, timeout=READY_TIMEOUT, what=f"{name} {kind}={status}", interval=0.5)
+
+
+def cache_dir(control: KamaControl, namespace: str) -> Path:
+    volume = get_json(control.stack, "pvc", "kama-cache-models", "-n", namespace)["spec"][
+        "volumeName"
+    ]
+    return Path(get_json(control.stack, "pv", volume)["spec"]["hostPath"]["path"])
+
+
+def publish_model(control: KamaControl, tmp_path: Path, *, seed: int = 0) -> tuple[str, Path, str]:
+    repo = f"acme/tiny-{uuid.uuid4().hex[:6]}"
+    model = write_model(
+        tmp_path / f"tiny-{seed}.gguf", shape=ModelShape(n_layer=2, n_head_kv=2, seed=seed)
+    )
+    commit = control.hub.add_repo(repo, {"tiny.gguf": model})
+    return repo, model, commit
+
+
+def test_hugging_face_artifact_becomes_ready(
+    kama_control: KamaControl, namespace: str, tmp_path: Path
+) -> None:
+    control = kama_control
+    repo, model, commit = publish_model(control, tmp_path)
+    apply(control.stack, cache(namespace), hf_artifact(namespace, "tiny", repo, ["tiny.gguf"]))
+    obj = wait_condition(control, namespace, "tiny", "Ready")
+    status = obj["status"]
+    sha = hashlib.sha256(model.read_bytes()).hexdigest()
+    assert status["phase"] == "Ready" and status["resolvedCommit"] == commit
+    assert status["files"] == [{"path": "tiny.gguf", "size": model.stat().st_size, "sha256": sha}]
+    assert status["artifactDigest"] == f"sha256:{sha}" and status["shortDigest"] == sha[:12]
+    assert status["totalSize"] == model.stat().st_size
+    assert status["progress"] == {
+        "bytesDone": model.stat().st_size,
+        "bytesTotal": model.stat().st_size,
+    }
+    assert status["gguf"]["architecture"] == "llama" and status["gguf"]["layers"] == 2
+    assert status["gguf"]["headCountKV"] == 2
+    assert condition(obj, "Verified")["status"] == "True"  # type: ignore[index]
+    assert "kama.dev/finalizer" in obj["metadata"]["finalizers"]
+
+    digest = status["manifestDigest"].removeprefix("sha256:")
+    location = status["servingLocation"]
+    assert (
+        location["claimName"] == "kama-cache-models"
+        and location["subPath"] == f"blobs/sha256/{digest}"
+    )
+    published = cache_dir(control, namespace) / location["subPath"]
+    assert (published / "READY").exists() and (
+        published / "tiny.gguf"
+    ).read_bytes() == model.read_bytes()
+
+    table = kubectl(control.stack, "get", "modelartifacts", "-n", namespace).stdout
+    row = next(line.split() for line in table.splitlines() if line.startswith("tiny"))
+    assert row[1:5] == ["True", "Ready", str(model.stat().st_size), sha[:12]]
+
+    listed = subprocess.run(
+        [
+            str(control.stack.binaries.temporal),
+            "workflow",
+            "list",
+            "--address",
+            control.stack.temporal.address,
+            "--query",
+            "KamaName='tiny' AND KamaKind='ModelArtifact'",
+            "--output",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert f"artifact/{namespace}/tiny/" in listed
+
+    # importer pods are gone once the import is done
+    pods = kubectl(
+        control.stack, "get", "pods", "-n", namespace, "-l", "kama.dev/role=importer", "-o", "name"
+    ).stdout
+    eventually(
+        lambda: (
+            kubectl(
+                control.stack,
+                "get",
+                "pods",
+                "-n",
+                namespace,
+                "-l",
+                "kama.dev/role=importer",
+                "-o",
+                "name",
+            ).stdout.strip()
+            == ""
+        ),
+        timeout=60,
+        what=f"importer pods deleted (were {pods!r})",
+    )
+
+    kubectl(control.stack, "delete", "modelartifact", "tiny", "-n", namespace, "--timeout=60s")
+    assert (published / "READY").exists(), "deleting the artifact keeps the bytes (Retain)"
+
+
+def test_same_source_is_downloaded_once(
+    kama_control: KamaControl, namespace: str, tmp_path: Path
+) -> None:
+    control = kama_control
+    repo, model, _ = publish_model(control, tmp_path, seed=3)
+    apply(control.stack, cache(namespace), hf_artifact(namespace, "first", repo, ["tiny.gguf"]))
+    first = wait_condition(control, namespace, "first", "Ready")
+    apply(control.stack, hf_artifact(namespace, "second", repo, ["tiny.gguf"]))
+    second = wait_condition(control, namespace, "second", "Ready")
+    assert first["status"]["manifestDigest"] == second["status"]["manifestDigest"]
+    served = control.hub.served_ranges(repo, "tiny.gguf")
+    assert sum(r.end - r.start for r in served) == model.stat().st_size, (
+        "one download for both artifacts"
+    )
+    assert "reused" in condition(second, "Importing")["message"]  # type: ignore[index]
+
+
+def test_wrong_bytes_are_never_ready(
+    kama_control: KamaControl, namespace: str, tmp_path: Path
+) -> None:
+    control = kama_control
+    repo, _, _ = publish_model(control, tmp_path, seed=5)
+    control.hub.inject(repo, "tiny.gguf", Fault(corrupt=True))
+    apply(control.stack, cache(namespace), hf_artifact(namespace, "bad", repo, ["tiny.gguf"]))
+    obj = wait_condition(control, namespace, "bad", "ChecksumMismatch")
+    assert obj["status"]["phase"] == "Failed"
+    assert condition(obj, "Ready")["status"] == "False"  # type: ignore[index]
+    blobs = cache_dir(control, namespace) / "blobs" / "sha256"
+    assert not blobs.exists() or not any(blobs.iterdir()), "nothing is published"
+    events = kubectl(
+        control.stack,
+        "get",
+        "events",
+        "-n",
+        namespace,
+        "--field-selector",
+        "involvedObject.name=bad",
+    ).stdout
+    assert "ChecksumMismatch" in events
+
+
+def test_missing_repo_is_source_unavailable_without_retry_storm(
+    kama_control: KamaControl, namespace: str
+) -> None:
+    control = kama_control
+    repo = f"acme/missing-{uuid.uuid4().hex[:6]}"
+    apply(control.stack, cache(namespace), hf_artifact(namespace, "ghost", repo, ["m.gguf"]))
+    obj = wait_condition(control, namespace, "ghost", "SourceUnavailable")
+    assert repo in condition(obj, "SourceUnavailable")["message"]  # type: ignore[index]
+    calls = [r for r in control.hub.log.requests if r[1].startswith(f"/api/models/{repo}")]
+    assert len(calls) == 1
+
+
+def test_token_is_used_but_never_shown(
+    kama_control: KamaControl, namespace: str, tmp_path: Path
+) -> None:
+    control = kama_control
+    token = f"hf_{uuid.uuid4().hex}"
+    repo = f"acme/private-{uuid.uuid4().hex[:6]}"
+    model = write_model(tmp_path / "p.gguf", shape=ModelShape(seed=9))
+    control.hub.add_repo(repo, {"p.gguf": model}, token=token)
+    kubectl(
+        control.stack,
+        "create",
+        "secret",
+        "generic",
+        "hf",
+        "-n",
+        namespace,
+        f"--from-literal=token={token}",
+    )
+    apply(
+        control.stack,
+        cache(namespace),
+        hf_artifact(
+            namespace, "private", repo, ["p.gguf"], tokenSecretRef={"name": "hf", "key": "token"}
+        ),
+    )
+    obj = wait_condition(control, namespace, "private", "Ready")
+    assert token not in json.dumps(obj)
+    events = kubectl(control.stack, "get", "events", "-n", namespace, "-o", "json").stdout
+    assert token not in events
+    logs = [p for p in control.stack.workdir.rglob("*.log") if p.is_file()]
+    assert logs and all(token not in p.read_text(errors="replace") for p in logs)
