@@ -39,7 +39,7 @@ SOURCE_RETRY = RetryPolicy(
     maximum_attempts=10,
 )
 DOWNLOAD_TIMEOUT = timedelta(hours=6)
-DOWNLOAD_HEARTBEAT_TIMEOUT = timedelta(seconds=30)
+DOWNLOAD_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
 DOWNLOAD_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     maximum_interval=timedelta(minutes=1),

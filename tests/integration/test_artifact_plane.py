@@ -6,6 +6,7 @@ commit, digests, facts and progress; bad bytes, missing sources and deletion beh
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import subprocess
 import uuid
@@ -242,3 +243,70 @@ def test_token_is_used_but_never_shown(
     assert token not in events
     logs = [p for p in control.stack.workdir.rglob("*.log") if p.is_file()]
     assert logs and all(token not in p.read_text(errors="replace") for p in logs)
+
+
+def staged_bytes(control: KamaControl, namespace: str) -> int:
+    try:
+        staging = cache_dir(control, namespace) / ".kama" / "staging"
+    except (KeyError, AssertionError):
+        return 0
+    return sum(p.stat().st_size for p in staging.rglob("*.gguf")) if staging.exists() else 0
+
+
+def slow_model(control: KamaControl, tmp_path: Path, *, seed: int) -> tuple[str, Path]:
+    repo = f"acme/big-{uuid.uuid4().hex[:6]}"
+    model = write_model(
+        tmp_path / f"big-{seed}.gguf", shape=ModelShape(n_layer=4, n_embd=256, n_ff=512, seed=seed)
+    )
+    control.hub.add_repo(repo, {"big.gguf": model})
+    control.hub.inject(repo, "big.gguf", Fault(bytes_per_second=2 * 1024 * 1024, times=10))
+    return repo, model
+
+
+def test_killed_importer_pod_resumes_without_refetching(
+    kama_control: KamaControl, namespace: str, tmp_path: Path
+) -> None:
+    control = kama_control
+    repo, model = slow_model(control, tmp_path, seed=11)
+    apply(control.stack, cache(namespace), hf_artifact(namespace, "big", repo, ["big.gguf"]))
+    eventually(
+        lambda: staged_bytes(control, namespace) > 2 * 1024 * 1024,
+        timeout=60,
+        what="the download to be under way",
+    )
+    pods = kubectl(
+        control.stack, "get", "pods", "-n", namespace, "-l", "kama.dev/role=importer", "-o", "name"
+    ).stdout.split()
+    assert len(pods) == 1
+    kubectl(control.stack, "delete", "-n", namespace, pods[0], "--grace-period=0", "--force")
+    obj = wait_condition(control, namespace, "big", "Ready")
+    assert obj["status"]["files"][0]["sha256"] == hashlib.sha256(model.read_bytes()).hexdigest()
+    served = sorted(control.hub.served_ranges(repo, "big.gguf"), key=lambda r: r.start)
+    assert len(served) >= 2, "the import resumed with a Range request"
+    refetched = sum(max(0, prev.end - cur.start) for prev, cur in itertools.pairwise(served))
+    assert refetched <= 256 * 1024, f"bytes fetched twice: {refetched}"
+    assert served[-1].end == model.stat().st_size
+
+
+def test_import_finishes_after_worker_restart(
+    kama_control: KamaControl, namespace: str, tmp_path: Path
+) -> None:
+    control = kama_control
+    repo, model = slow_model(control, tmp_path, seed=12)
+    apply(control.stack, cache(namespace), hf_artifact(namespace, "durable", repo, ["big.gguf"]))
+    eventually(
+        lambda: staged_bytes(control, namespace) > 1024 * 1024,
+        timeout=60,
+        what="the download to be under way",
+    )
+    control.kill_worker()
+    try:
+        eventually(
+            lambda: staged_bytes(control, namespace) >= model.stat().st_size or None,
+            timeout=60,
+            what="the importer to keep downloading",
+        )
+    finally:
+        control.restart_worker()
+    obj = wait_condition(control, namespace, "durable", "Ready")
+    assert obj["status"]["totalSize"] == model.stat().st_size
