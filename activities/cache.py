@@ -29,7 +29,7 @@ from kama.gguf import (
 )
 
 
-def _facts(directory: Path, files: list[DownloadedFile]) -> dict[str, int | str | None]:
+def gguf_facts(directory: Path, files: list[DownloadedFile]) -> dict[str, int | str | None]:
     headers = []
     for f in files:
         if not f.path.endswith(".gguf"):
@@ -88,7 +88,7 @@ class CacheActivities:
         else:
             directory = root / staging_dir(request.operation_id) / "files"
         try:
-            facts = _facts(directory, request.files)
+            facts = gguf_facts(directory, request.files)
         except InvalidGGUF as exc:
             shutil.rmtree(root / staging_dir(request.operation_id), ignore_errors=True)
             raise ApplicationError(str(exc), type="InvalidGGUF", non_retryable=True) from None

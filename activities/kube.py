@@ -182,24 +182,34 @@ class KubeActivities:
             except k8s.ApiException as exc:
                 if exc.status != 409:
                     raise
+        return self._bound_claim(
+            namespace=request.namespace, name=name, owner=f"ModelCache {request.name}"
+        )
+
+    def _bound_claim(self, *, namespace: str, name: str, owner: str | None) -> CacheClaim:
+        of = f" of {owner}" if owner else ""
         try:
-            pvc = self.core.read_namespaced_persistent_volume_claim(name, request.namespace)
+            pvc = self.core.read_namespaced_persistent_volume_claim(name, namespace)
         except k8s.ApiException as exc:
             if exc.status == 404:
                 raise ApplicationError(
-                    f"PersistentVolumeClaim {request.namespace}/{name} of ModelCache {request.name} does not exist",
+                    f"PersistentVolumeClaim {namespace}/{name}{of} does not exist",
                     type="StorageUnavailable",
                     non_retryable=True,
                 ) from None
             raise
         if pvc.status.phase != "Bound":
             raise ApplicationError(
-                f"claim {name} is {pvc.status.phase}, not Bound yet", type="ClaimNotBound"
+                f"claim {name}{of} is {pvc.status.phase}, not Bound yet", type="ClaimNotBound"
             )
         return CacheClaim(
             claim_name=name,
             access_modes=list(pvc.status.access_modes or pvc.spec.access_modes or []),
         )
+
+    @activity.defn(name="Find source claim")
+    def source_claim(self, request: CacheRequest) -> CacheClaim:
+        return self._bound_claim(namespace=request.namespace, name=request.name, owner=None)
 
     @activity.defn(name="Start importer pod")
     def ensure_importer_pod(self, request: ImporterPod) -> PodRef:

@@ -83,3 +83,37 @@ class LookupRequest:
 class DiscardRequest:
     cache_root: str
     operation_id: str
+
+
+@dataclass(frozen=True)
+class PvcSource:
+    """A file (or a directory of shards) on a claim mounted read-only at `root`."""
+
+    root: str
+    path: str
+    direct: bool = False
+
+
+@dataclass(frozen=True)
+class CopyRequest:
+    source: PvcSource
+    file: ResolvedFile
+    cache_root: str
+    operation_id: str
+
+
+@dataclass(frozen=True)
+class InPlaceRequest:
+    source: PvcSource
+    files: list[ResolvedFile]
+    entrypoint: str
+
+
+@dataclass(frozen=True)
+class InPlaceArtifact:
+    files: list[DownloadedFile]
+    manifest_digest: str
+    artifact_digest: str
+    total_size: int
+    base_path: str  # directory of the files, relative to the claim root
+    facts: dict[str, int | str | None] = field(default_factory=dict)

@@ -63,6 +63,7 @@ async def run_worker(settings: Settings) -> None:
                 kube.patch_status,
                 kube.record_event,
                 kube.cache_claim,
+                kube.source_claim,
                 kube.ensure_importer_pod,
                 kube.delete_pod,
                 kube.artifact_users,
@@ -79,6 +80,7 @@ async def run_worker(settings: Settings) -> None:
 async def run_importer(settings: Settings, *, task_queue: str) -> None:
     from activities.cache import CacheActivities
     from activities.huggingface import HuggingFaceActivities
+    from activities.volume_source import PvcSourceActivities
 
     client = await Client.connect(settings.temporal_address, namespace=settings.temporal_namespace)
     stop = asyncio.Event()
@@ -89,6 +91,7 @@ async def run_importer(settings: Settings, *, task_queue: str) -> None:
     ):
         hf = HuggingFaceActivities(http=http, endpoint=settings.hf_endpoint)
         cache = CacheActivities()
+        volume = PvcSourceActivities()
         worker = Worker(
             client,
             task_queue=task_queue,
@@ -99,6 +102,9 @@ async def run_importer(settings: Settings, *, task_queue: str) -> None:
                 cache.lookup,
                 cache.publish,
                 cache.discard_staging,
+                volume.resolve,
+                volume.copy_file,
+                volume.verify_in_place,
             ],
             activity_executor=pool,
         )

@@ -24,6 +24,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.kube import (
         ARTIFACTS,
         CACHE_MOUNT,
+        SOURCE_MOUNT,
         TOKEN_MOUNT,
         CacheClaim,
         CacheRequest,
@@ -34,7 +35,7 @@ with workflow.unsafe.imports_passed_through():
         PodRef,
         StatusPatch,
     )
-    from activities.models import HuggingFaceSource
+    from activities.models import HuggingFaceSource, PvcSource
     from activities.progress import ImportProgress, ProgressActivities, ProgressRequest
     from kama.api import ArtifactCondition, ArtifactPhase, ModelArtifactSpec
     from kama.cache_layout import blob_dir
@@ -186,34 +187,32 @@ class ArtifactWorkflow:
             ],
         )
         hf = spec.source.hugging_face
-        if hf is None or spec.cache_ref is None:
-            await self._fail(
-                snap,
-                "SourceUnavailable",
-                "only huggingFace sources are supported by this version of Kama",
-                operation,
-                None,
-            )
-            return
-        self._doing = "finding the cache claim"
+        pvc = spec.source.persistent_volume_claim
+        direct = pvc is not None and str(pvc.mode) == "Direct"
+        self._doing = "finding the claims"
         try:
-            claim: CacheClaim = await workflow.execute_activity_method(
-                KubeActivities.cache_claim,
-                CacheRequest(namespace=snap.ref.namespace, name=spec.cache_ref.name),
-                start_to_close_timeout=KUBE_TIMEOUT,
-                retry_policy=CLAIM_RETRY,
-            )
+            if direct:
+                assert pvc is not None
+                claim: CacheClaim = await self._claim(
+                    KubeActivities.source_claim, snap, pvc.claim_name
+                )
+            else:
+                assert spec.cache_ref is not None  # the schema requires it for HF and Copy
+                claim = await self._claim(KubeActivities.cache_claim, snap, spec.cache_ref.name)
+                if pvc is not None:
+                    await self._claim(KubeActivities.source_claim, snap, pvc.claim_name)
         except Exception as exc:
             kind, message = failure_type(exc)
             await self._fail(snap, kind, message, operation, None)
             return
         queue = f"kama-importer-{operation}"
-        token = hf.token_secret_ref
+        token = hf.token_secret_ref if hf is not None else None
         pod_request = ImporterPod(
             ref=snap.ref,
             operation_id=operation,
             task_queue=queue,
-            cache_claim=claim.claim_name,
+            cache_claim=None if direct else claim.claim_name,
+            source_claim=pvc.claim_name if pvc is not None else None,
             token_secret=token.name if token else None,
             token_key=token.key if token else None,
         )
@@ -222,28 +221,32 @@ class ArtifactWorkflow:
         child_id = f"import/{snap.ref.namespace}/{snap.ref.name}/{operation}"
         import_input = ImportInput(
             operation_id=operation,
-            source=HuggingFaceSource(
+            source=None
+            if hf is None
+            else HuggingFaceSource(
                 repo=hf.repo,
                 revision=hf.revision,
                 files=list(hf.files),
                 token_path=f"{TOKEN_MOUNT}/token" if token else None,
             ),
-            cache_root=CACHE_MOUNT,
+            pvc=None if pvc is None else PvcSource(root=SOURCE_MOUNT, path=pvc.path, direct=direct),
+            cache_root="" if direct else CACHE_MOUNT,
             importer_task_queue=queue,
             expected_sha256=spec.expected_sha256,
             expected_size=spec.expected_size,
         )
+        origin = hf.repo if hf is not None else f"claim {pvc.claim_name if pvc else ''}"
         self._doing = "importing"
         await self._write(
             snap,
-            phase=ArtifactPhase.IMPORTING,
+            phase=ArtifactPhase.VERIFYING if direct else ArtifactPhase.IMPORTING,
             extra={},
             conditions=[
                 (
                     ArtifactCondition.IMPORTING,
-                    True,
-                    "Downloading",
-                    f"importer pod {pod.name} is downloading from {hf.repo}",
+                    not direct,
+                    "Verifying" if direct else "Downloading",
+                    f"importer pod {pod.name} is {'verifying' if direct else 'copying'} from {origin}",
                 ),
             ],
         )
@@ -292,8 +295,7 @@ class ArtifactWorkflow:
     ) -> None:
         art = result.artifact
         digest = f"sha256:{art.manifest_digest}"
-        extra = {
-            "resolvedCommit": result.commit,
+        extra: dict[str, Any] = {
             "files": [
                 {"path": f.path, "size": f.size, "sha256": f.sha256}
                 for f in sorted(result.files, key=lambda f: f.path)
@@ -305,11 +307,13 @@ class ArtifactWorkflow:
             "gguf": {k: v for k, v in art.facts.items() if v is not None},
             "servingLocation": {
                 "claimName": claim.claim_name,
-                "subPath": str(blob_dir(art.manifest_digest)),
+                "subPath": art.directory if result.in_place else str(blob_dir(art.manifest_digest)),
                 "accessModes": claim.access_modes,
             },
             "progress": {"bytesDone": art.total_size, "bytesTotal": art.total_size},
         }
+        if result.commit:
+            extra["resolvedCommit"] = result.commit
         how = (
             "reused the published blob"
             if result.reused
@@ -324,7 +328,9 @@ class ArtifactWorkflow:
                     ArtifactCondition.SOURCE_RESOLVED,
                     True,
                     "Resolved",
-                    f"revision resolved to commit {result.commit}",
+                    f"revision resolved to commit {result.commit}"
+                    if result.commit
+                    else "files found on the source claim",
                 ),
                 (ArtifactCondition.IMPORTING, False, "Imported", how),
                 (
@@ -380,6 +386,15 @@ class ArtifactWorkflow:
         self._doing = "deleted (bytes kept in the cache)"
 
     # helpers ------------------------------------------------------------------
+
+    async def _claim(self, method: Any, snap: ArtifactSnapshot, name: str) -> CacheClaim:
+        claim: CacheClaim = await workflow.execute_activity_method(
+            method,
+            CacheRequest(namespace=snap.ref.namespace, name=name),
+            start_to_close_timeout=KUBE_TIMEOUT,
+            retry_policy=CLAIM_RETRY,
+        )
+        return claim
 
     async def _kube(self, method: Any, argument: Any) -> Any:
         return await workflow.execute_activity_method(

@@ -20,16 +20,22 @@ with workflow.unsafe.imports_passed_through():
     from activities.cache import CacheActivities
     from activities.huggingface import HuggingFaceActivities
     from activities.models import (
+        CopyRequest,
         DiscardRequest,
         DownloadedFile,
         DownloadRequest,
         HuggingFaceSource,
+        InPlaceArtifact,
+        InPlaceRequest,
         LookupRequest,
         PublishedArtifact,
         PublishRequest,
+        PvcSource,
+        ResolvedFile,
         ResolvedSource,
         SpaceRequest,
     )
+    from activities.volume_source import PvcSourceActivities
     from kama.cache_layout import Manifest, ManifestFile
 
 RESOLVE_TIMEOUT = timedelta(minutes=2)
@@ -54,11 +60,12 @@ CACHE_RETRY = RetryPolicy(
 @dataclass(frozen=True)
 class ImportInput:
     operation_id: str
-    source: HuggingFaceSource
+    source: HuggingFaceSource | None
     cache_root: str
     importer_task_queue: str
     expected_sha256: str | None = None
     expected_size: int | None = None
+    pvc: PvcSource | None = None  # instead of `source`: a file on a claim (Copy or Direct)
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,7 @@ class ImportResult:
     files: list[DownloadedFile]
     artifact: PublishedArtifact
     reused: bool
+    in_place: bool = False  # PVC Direct: verified where it is, nothing copied
 
 
 @dataclass
@@ -97,18 +105,15 @@ class ImportWorkflow:
 
     @workflow.run
     async def run(self, request: ImportInput) -> ImportResult:
-        resolved: ResolvedSource = await workflow.execute_activity_method(
-            HuggingFaceActivities.resolve_source,
-            request.source,
-            task_queue=request.importer_task_queue,  # the token is readable only there
-            start_to_close_timeout=RESOLVE_TIMEOUT,
-            retry_policy=SOURCE_RETRY,
-        )
+        resolved = await self._resolve(request)
         self._status.commit = resolved.commit
         self._status.files = [f.path for f in resolved.files]
         self._status.files_total = len(resolved.files)
         self._status.bytes_total = resolved.total_size
         self._check_expectations(request, resolved)
+
+        if request.pvc is not None and request.pvc.direct:
+            return await self._verify_in_place(request, request.pvc, resolved)
 
         reused = await self._published_already(request, resolved)
         if reused is not None:
@@ -125,20 +130,7 @@ class ImportWorkflow:
         )
         downloaded: list[DownloadedFile] = []
         for file in resolved.files:
-            result: DownloadedFile = await workflow.execute_activity_method(
-                HuggingFaceActivities.download_file,
-                DownloadRequest(
-                    source=request.source,
-                    commit=resolved.commit,
-                    file=file,
-                    cache_root=request.cache_root,
-                    operation_id=request.operation_id,
-                ),
-                task_queue=request.importer_task_queue,
-                start_to_close_timeout=DOWNLOAD_TIMEOUT,
-                heartbeat_timeout=DOWNLOAD_HEARTBEAT_TIMEOUT,
-                retry_policy=DOWNLOAD_RETRY,
-            )
+            result = await self._fetch(request, resolved, file)
             expected = file.sha256
             if len(resolved.files) == 1 and request.expected_sha256:
                 expected = request.expected_sha256
@@ -157,7 +149,9 @@ class ImportWorkflow:
                 cache_root=request.cache_root,
                 operation_id=request.operation_id,
                 files=downloaded,
-                entrypoint=resolved.entrypoint,
+                entrypoint=resolved.entrypoint
+                if request.pvc is None
+                else resolved.entrypoint.rsplit("/", 1)[-1],
             ),
             task_queue=request.importer_task_queue,
             start_to_close_timeout=CACHE_TIMEOUT,
@@ -166,6 +160,99 @@ class ImportWorkflow:
         self._status.phase = "Published"
         return ImportResult(
             commit=resolved.commit, files=downloaded, artifact=artifact, reused=False
+        )
+
+    async def _resolve(self, request: ImportInput) -> ResolvedSource:
+        if request.pvc is not None:
+            resolved: ResolvedSource = await workflow.execute_activity_method(
+                PvcSourceActivities.resolve,
+                request.pvc,
+                task_queue=request.importer_task_queue,
+                start_to_close_timeout=RESOLVE_TIMEOUT,
+                retry_policy=SOURCE_RETRY,
+            )
+            return resolved
+        if request.source is None:
+            raise ApplicationError(
+                "the import names no source", type="SourceUnavailable", non_retryable=True
+            )
+        resolved = await workflow.execute_activity_method(
+            HuggingFaceActivities.resolve_source,
+            request.source,
+            task_queue=request.importer_task_queue,  # the token is readable only there
+            start_to_close_timeout=RESOLVE_TIMEOUT,
+            retry_policy=SOURCE_RETRY,
+        )
+        return resolved
+
+    async def _fetch(
+        self, request: ImportInput, resolved: ResolvedSource, file: ResolvedFile
+    ) -> DownloadedFile:
+        result: DownloadedFile
+        if request.pvc is not None:
+            result = await workflow.execute_activity_method(
+                PvcSourceActivities.copy_file,
+                CopyRequest(
+                    source=request.pvc,
+                    file=file,
+                    cache_root=request.cache_root,
+                    operation_id=request.operation_id,
+                ),
+                task_queue=request.importer_task_queue,
+                start_to_close_timeout=DOWNLOAD_TIMEOUT,
+                heartbeat_timeout=DOWNLOAD_HEARTBEAT_TIMEOUT,
+                retry_policy=DOWNLOAD_RETRY,
+            )
+            return result
+        assert request.source is not None
+        result = await workflow.execute_activity_method(
+            HuggingFaceActivities.download_file,
+            DownloadRequest(
+                source=request.source,
+                commit=resolved.commit,
+                file=file,
+                cache_root=request.cache_root,
+                operation_id=request.operation_id,
+            ),
+            task_queue=request.importer_task_queue,
+            start_to_close_timeout=DOWNLOAD_TIMEOUT,
+            heartbeat_timeout=DOWNLOAD_HEARTBEAT_TIMEOUT,
+            retry_policy=DOWNLOAD_RETRY,
+        )
+        return result
+
+    async def _verify_in_place(
+        self, request: ImportInput, pvc: PvcSource, resolved: ResolvedSource
+    ) -> ImportResult:
+        self._status.phase = "Verifying"
+        found: InPlaceArtifact = await workflow.execute_activity_method(
+            PvcSourceActivities.verify_in_place,
+            InPlaceRequest(source=pvc, files=resolved.files, entrypoint=resolved.entrypoint),
+            task_queue=request.importer_task_queue,
+            start_to_close_timeout=DOWNLOAD_TIMEOUT,
+            heartbeat_timeout=DOWNLOAD_HEARTBEAT_TIMEOUT,
+            retry_policy=DOWNLOAD_RETRY,
+        )
+        if (
+            request.expected_sha256
+            and len(found.files) == 1
+            and found.files[0].sha256 != request.expected_sha256
+        ):
+            raise _mismatch(
+                f"{found.files[0].path}: sha256 {found.files[0].sha256} != spec.expectedSHA256"
+            )
+        self._status.phase = "Verified"
+        self._status.files_done = len(found.files)
+        self._status.bytes_completed = found.total_size
+        artifact = PublishedArtifact(
+            manifest_digest=found.manifest_digest,
+            artifact_digest=found.artifact_digest,
+            total_size=found.total_size,
+            directory=found.base_path,
+            facts=found.facts,
+        )
+        return ImportResult(
+            commit="", files=found.files, artifact=artifact, reused=False, in_place=True
         )
 
     def _check_expectations(self, request: ImportInput, resolved: ResolvedSource) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
 import subprocess
 import uuid
 from pathlib import Path
@@ -310,3 +311,73 @@ def test_import_finishes_after_worker_restart(
         control.restart_worker()
     obj = wait_condition(control, namespace, "durable", "Ready")
     assert obj["status"]["totalSize"] == model.stat().st_size
+
+
+def pvc_artifact(namespace: str, name: str, path: str, mode: str) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "source": {"persistentVolumeClaim": {"claimName": "uploads", "path": path, "mode": mode}}
+    }
+    if mode == "Copy":
+        spec["cacheRef"] = {"name": "models"}
+    return {
+        "apiVersion": "kama.dev/v1alpha1",
+        "kind": "ModelArtifact",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
+def test_pvc_copy_and_direct_sources(kama_control: KamaControl, namespace: str) -> None:
+    control = kama_control
+    apply(
+        control.stack,
+        cache(namespace),
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "uploads", "namespace": namespace},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        },
+    )
+    volume = eventually(
+        lambda: get_json(control.stack, "pvc", "uploads", "-n", namespace)["spec"].get(
+            "volumeName"
+        ),
+        timeout=60,
+        what="the uploads claim to bind",
+    )
+    root = Path(get_json(control.stack, "pv", volume)["spec"]["hostPath"]["path"])
+    (root / "models").mkdir()
+    model = write_model(root / "models" / "tiny.gguf", shape=ModelShape(seed=21))
+    (root / "escape.gguf").symlink_to("/etc/hostname")
+    os.mkfifo(root / "pipe.gguf")
+    apply(
+        control.stack,
+        pvc_artifact(namespace, "copied", "models/tiny.gguf", "Copy"),
+        pvc_artifact(namespace, "in-place", "models/tiny.gguf", "Direct"),
+        pvc_artifact(namespace, "escape", "escape.gguf", "Direct"),
+        pvc_artifact(namespace, "pipe", "pipe.gguf", "Direct"),
+    )
+    sha = hashlib.sha256(model.read_bytes()).hexdigest()
+    copied = wait_condition(control, namespace, "copied", "Ready")["status"]
+    assert (
+        copied["files"][0]["sha256"] == sha
+        and copied["servingLocation"]["claimName"] == "kama-cache-models"
+    )
+    assert (
+        cache_dir(control, namespace) / copied["servingLocation"]["subPath"] / "tiny.gguf"
+    ).read_bytes() == model.read_bytes()
+    direct = wait_condition(control, namespace, "in-place", "Ready")["status"]
+    assert direct["servingLocation"] == {
+        "claimName": "uploads",
+        "subPath": "models",
+        "accessModes": ["ReadWriteOnce"],
+    }
+    assert direct["artifactDigest"] == f"sha256:{sha}" and direct["gguf"]["architecture"] == "llama"
+    escape = wait_condition(control, namespace, "escape", "SourceUnavailable")
+    assert "outside the source claim" in condition(escape, "SourceUnavailable")["message"]  # type: ignore[index]
+    pipe = wait_condition(control, namespace, "pipe", "SourceUnavailable")
+    assert "not a regular file" in condition(pipe, "SourceUnavailable")["message"]  # type: ignore[index]
