@@ -33,4 +33,4 @@ pytest: setup
 test: lint typecheck pytest
 
 bench: setup
-	$(VENV)/pytest -p no:cacheprovider tests/bench -s
+	$(VENV)/pytest -p no:cacheprovider -o python_files="bench_*.py" tests/bench -s

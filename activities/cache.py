@@ -16,8 +16,16 @@ from activities.models import (
     PublishedArtifact,
     PublishRequest,
     SpaceRequest,
+    VerifyPublishedRequest,
 )
-from activities.storage import InsufficientStorage, ensure_free_space, publish, published
+from activities.storage import (
+    ChecksumMismatch,
+    InsufficientStorage,
+    ensure_free_space,
+    publish,
+    published,
+    verify_files,
+)
 from kama.cache_layout import Manifest, ManifestFile, artifact_digest, blob_dir, staging_dir
 from kama.gguf import (
     InvalidGGUF,
@@ -103,6 +111,31 @@ class CacheActivities:
             directory=str(final),
             facts=facts,
         )
+
+    @activity.defn(name="Re-hash published artifact")
+    def verify_published(self, request: VerifyPublishedRequest) -> int:
+        """Re-hash every file of a published blob against its manifest; returns bytes checked."""
+        root = Path(request.cache_root)
+        manifest = published(root=root, digest=request.manifest_digest)
+        if manifest is None:
+            raise ApplicationError(
+                f"no valid published artifact {request.manifest_digest} in the cache (manifest or READY missing)",
+                type="ChecksumMismatch",
+                non_retryable=True,
+            )
+
+        def beat(done: int) -> None:
+            activity.heartbeat(done)
+
+        try:
+            verify_files(
+                directory=root / blob_dir(request.manifest_digest),
+                expected=list(manifest.files),
+                on_progress=beat,
+            )
+        except ChecksumMismatch as exc:
+            raise ApplicationError(str(exc), type="ChecksumMismatch", non_retryable=True) from None
+        return manifest.total_size
 
     @activity.defn(name="Discard staged files")
     def discard_staging(self, request: DiscardRequest) -> None:

@@ -117,3 +117,9 @@ class InPlaceArtifact:
     total_size: int
     base_path: str  # directory of the files, relative to the claim root
     facts: dict[str, int | str | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class VerifyPublishedRequest:
+    cache_root: str
+    manifest_digest: str

@@ -40,6 +40,7 @@ async def run_worker(settings: Settings) -> None:
     from activities.progress import ProgressActivities
     from workflows.artifact import ArtifactWorkflow
     from workflows.import_model import ImportWorkflow
+    from workflows.verify_model import VerifyWorkflow
 
     client = await Client.connect(settings.temporal_address, namespace=settings.temporal_namespace)
     kube = KubeActivities(
@@ -58,7 +59,7 @@ async def run_worker(settings: Settings) -> None:
         worker = Worker(
             client,
             task_queue=settings.control_queue,
-            workflows=[ArtifactWorkflow, ImportWorkflow],
+            workflows=[ArtifactWorkflow, ImportWorkflow, VerifyWorkflow],
             activities=[
                 kube.patch_status,
                 kube.record_event,
@@ -102,6 +103,7 @@ async def run_importer(settings: Settings, *, task_queue: str) -> None:
                 cache.lookup,
                 cache.publish,
                 cache.discard_staging,
+                cache.verify_published,
                 volume.resolve,
                 volume.copy_file,
                 volume.verify_in_place,

@@ -35,12 +35,13 @@ with workflow.unsafe.imports_passed_through():
         PodRef,
         StatusPatch,
     )
-    from activities.models import HuggingFaceSource, PvcSource
+    from activities.models import HuggingFaceSource, PublishedArtifact, PvcSource
     from activities.progress import ImportProgress, ProgressActivities, ProgressRequest
     from kama.api import ArtifactCondition, ArtifactPhase, ModelArtifactSpec
     from kama.cache_layout import blob_dir
     from kama.conditions import Conditions, set_condition
     from workflows.import_model import ImportInput, ImportResult, ImportWorkflow
+    from workflows.verify_model import VerifyInput, VerifyResult, VerifyWorkflow
 
 KUBE_TIMEOUT = timedelta(seconds=30)
 KUBE_RETRY = RetryPolicy(
@@ -99,6 +100,22 @@ def failure_type(error: BaseException) -> tuple[str, str]:
             return current.type, current.message
         current = getattr(current, "cause", None) or current.__cause__
     return "ImportFailed", str(error)
+
+
+def in_place_result(verified: VerifyResult) -> ImportResult:
+    """A Direct source's verification, in the shape of an import result."""
+    found = verified.artifact
+    assert found is not None
+    artifact = PublishedArtifact(
+        manifest_digest=found.manifest_digest,
+        artifact_digest=found.artifact_digest,
+        total_size=found.total_size,
+        directory=found.base_path,
+        facts=found.facts,
+    )
+    return ImportResult(
+        commit="", files=found.files, artifact=artifact, reused=False, in_place=True
+    )
 
 
 @workflow.defn(name="Keep model artifact")
@@ -250,13 +267,29 @@ class ArtifactWorkflow:
                 ),
             ],
         )
-        child = await workflow.start_child_workflow(
-            ImportWorkflow.run,
-            import_input,
-            id=child_id,
-            task_queue=workflow.info().task_queue,
-            search_attributes=workflow.info().typed_search_attributes,
-        )
+        child: Any
+        if direct:
+            assert import_input.pvc is not None
+            child = await workflow.start_child_workflow(
+                VerifyWorkflow.run,
+                VerifyInput(
+                    importer_task_queue=queue,
+                    pvc=import_input.pvc,
+                    expected_sha256=spec.expected_sha256,
+                    expected_size=spec.expected_size,
+                ),
+                id=f"verify/{snap.ref.namespace}/{snap.ref.name}/{operation}",
+                task_queue=workflow.info().task_queue,
+                search_attributes=workflow.info().typed_search_attributes,
+            )
+        else:
+            child = await workflow.start_child_workflow(
+                ImportWorkflow.run,
+                import_input,
+                id=child_id,
+                task_queue=workflow.info().task_queue,
+                search_attributes=workflow.info().typed_search_attributes,
+            )
         try:
             while True:
                 done, _ = await workflow.wait([child], timeout=PROGRESS_EVERY.total_seconds())
@@ -283,7 +316,10 @@ class ArtifactWorkflow:
                 await self._kube(
                     KubeActivities.ensure_importer_pod, pod_request
                 )  # recreated if it was deleted
-            result: ImportResult = child.result()
+            outcome = child.result()
+            result: ImportResult = (
+                outcome if isinstance(outcome, ImportResult) else in_place_result(outcome)
+            )
         except (ChildWorkflowError, ApplicationError) as exc:
             kind, message = failure_type(exc)
             await self._fail(snap, kind, message, operation, pod)

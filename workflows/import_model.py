@@ -25,8 +25,6 @@ with workflow.unsafe.imports_passed_through():
         DownloadedFile,
         DownloadRequest,
         HuggingFaceSource,
-        InPlaceArtifact,
-        InPlaceRequest,
         LookupRequest,
         PublishedArtifact,
         PublishRequest,
@@ -113,7 +111,11 @@ class ImportWorkflow:
         self._check_expectations(request, resolved)
 
         if request.pvc is not None and request.pvc.direct:
-            return await self._verify_in_place(request, request.pvc, resolved)
+            raise ApplicationError(
+                "Direct sources are verified in place by VerifyWorkflow, not imported",
+                type="SourceUnavailable",
+                non_retryable=True,
+            )
 
         reused = await self._published_already(request, resolved)
         if reused is not None:
@@ -220,40 +222,6 @@ class ImportWorkflow:
             retry_policy=DOWNLOAD_RETRY,
         )
         return result
-
-    async def _verify_in_place(
-        self, request: ImportInput, pvc: PvcSource, resolved: ResolvedSource
-    ) -> ImportResult:
-        self._status.phase = "Verifying"
-        found: InPlaceArtifact = await workflow.execute_activity_method(
-            PvcSourceActivities.verify_in_place,
-            InPlaceRequest(source=pvc, files=resolved.files, entrypoint=resolved.entrypoint),
-            task_queue=request.importer_task_queue,
-            start_to_close_timeout=DOWNLOAD_TIMEOUT,
-            heartbeat_timeout=DOWNLOAD_HEARTBEAT_TIMEOUT,
-            retry_policy=DOWNLOAD_RETRY,
-        )
-        if (
-            request.expected_sha256
-            and len(found.files) == 1
-            and found.files[0].sha256 != request.expected_sha256
-        ):
-            raise _mismatch(
-                f"{found.files[0].path}: sha256 {found.files[0].sha256} != spec.expectedSHA256"
-            )
-        self._status.phase = "Verified"
-        self._status.files_done = len(found.files)
-        self._status.bytes_completed = found.total_size
-        artifact = PublishedArtifact(
-            manifest_digest=found.manifest_digest,
-            artifact_digest=found.artifact_digest,
-            total_size=found.total_size,
-            directory=found.base_path,
-            facts=found.facts,
-        )
-        return ImportResult(
-            commit="", files=found.files, artifact=artifact, reused=False, in_place=True
-        )
 
     def _check_expectations(self, request: ImportInput, resolved: ResolvedSource) -> None:
         if request.expected_size is not None and resolved.total_size != request.expected_size:

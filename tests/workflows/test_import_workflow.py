@@ -23,6 +23,7 @@ from kama.cache_layout import READY_NAME, Manifest
 from kama.testing.gguf_factory import ModelShape, write_bad_magic, write_model, write_shards
 from localstack.hub import Fault, HubFixture
 from workflows.import_model import ImportInput, ImportResult, ImportWorkflow
+from workflows.verify_model import VerifyInput, VerifyWorkflow
 
 
 @dataclass
@@ -43,7 +44,7 @@ async def workers(temporal_client: Client) -> AsyncIterator[Workers]:
         control = Worker(
             temporal_client,
             task_queue=queues.control_queue,
-            workflows=[ImportWorkflow],
+            workflows=[ImportWorkflow, VerifyWorkflow],
         )
         importer = Worker(
             temporal_client,
@@ -55,6 +56,7 @@ async def workers(temporal_client: Client) -> AsyncIterator[Workers]:
                 cache.lookup,
                 cache.publish,
                 cache.discard_staging,
+                cache.verify_published,
             ],
             activity_executor=pool,
         )
@@ -209,3 +211,37 @@ async def test_server_errors_are_retried_then_succeed(
         if r[0] == "GET" and r[1].endswith("/m.gguf") and "acme/flaky" in r[1]
     ]
     assert len(gets) == 3
+
+
+async def test_verify_rehashes_published_blob_and_catches_corruption(
+    temporal_client: Client, workers: Workers, hub: HubFixture, tmp_path: Path
+) -> None:
+    model = write_model(tmp_path / "v.gguf", shape=ModelShape(seed=4))
+    hub.add_repo("acme/verify", {"v.gguf": model})
+    cache = tmp_path / "cache"
+    imported = await run_import(temporal_client, workers, hub, cache, "acme/verify", ["v.gguf"])
+    digest = imported.artifact.manifest_digest
+    request = VerifyInput(
+        importer_task_queue=workers.importer_queue, cache_root=str(cache), manifest_digest=digest
+    )
+    ok = await temporal_client.execute_workflow(
+        VerifyWorkflow.run,
+        request,
+        id=f"verify/{uuid.uuid4().hex[:8]}",
+        task_queue=workers.control_queue,
+    )
+    assert ok.bytes_checked == model.stat().st_size
+
+    published = cache / "blobs" / "sha256" / digest / "v.gguf"
+    data = bytearray(published.read_bytes())
+    data[-1] ^= 0xFF  # one flipped bit, same size: only a re-hash notices
+    published.write_bytes(bytes(data))
+    with pytest.raises(WorkflowFailureError) as failure:
+        await temporal_client.execute_workflow(
+            VerifyWorkflow.run,
+            request,
+            id=f"verify/{uuid.uuid4().hex[:8]}",
+            task_queue=workers.control_queue,
+        )
+    cause = application_error(failure.value)
+    assert cause.type == "ChecksumMismatch" and "v.gguf" in str(cause)
