@@ -88,16 +88,22 @@ async def test_import_vs_download_only(tmp_path: Path, temporal_server: Temporal
     try:
         commit = hub.add_repo("acme/big", {"big.gguf": model})
         url = hf_hub_url("acme/big", "big.gguf", revision=commit, endpoint=hub.url)
-        t0 = time.perf_counter()
-        with (
-            httpx.Client(timeout=120) as http,
-            http.stream("GET", url) as response,
-            (tmp_path / "plain").open("wb") as out,
-        ):
-            for block in response.iter_raw():
-                out.write(block)
-        download_s = time.perf_counter() - t0
-        (tmp_path / "plain").unlink()
+        download_s, durable_s = [], []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            with (
+                httpx.Client(timeout=120) as http,
+                http.stream("GET", url) as response,
+                (tmp_path / "plain").open("wb") as out,
+            ):
+                for block in response.iter_raw():
+                    out.write(block)
+                t1 = time.perf_counter()
+                out.flush()
+                os.fsync(out.fileno())  # a download that is not on disk is not done
+            download_s.append(t1 - t0)
+            durable_s.append(time.perf_counter() - t0)
+            (tmp_path / "plain").unlink()
 
         client = await Client.connect(temporal_server.address)
         queue = f"bench-{uuid.uuid4().hex[:6]}"
@@ -139,9 +145,11 @@ async def test_import_vs_download_only(tmp_path: Path, temporal_server: Temporal
         "import_overhead",
         {
             "bytes": model.stat().st_size,
-            "download_only_s": round(download_s, 2),
+            "download_to_page_cache_s": round(min(download_s), 2),
+            "download_and_fsync_s": round(min(durable_s), 2),
             "import_s": round(import_s, 2),
-            "ratio_import_vs_download": round(import_s / download_s, 3),
-            "target": "<= 1.1",
+            "ratio_import_vs_durable_download": round(import_s / min(durable_s), 3),
+            "ratio_import_vs_page_cache_download": round(import_s / min(download_s), 3),
+            "target": "<= 1.1 (vs the durable download)",
         },
     )
