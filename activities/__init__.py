@@ -1,1 +1,1 @@
-"""Kama activities package."""
+"""Temporal activities: one class per external system (Kubernetes, Hugging Face, volumes, Temporal)."""

@@ -48,6 +48,12 @@ class EventRequest:
 
 
 @dataclass(frozen=True)
+class FinalizerRequest:
+    plural: str
+    ref: ObjectRef
+
+
+@dataclass(frozen=True)
 class CacheRequest:
     namespace: str
     name: str
@@ -57,6 +63,12 @@ class CacheRequest:
 class CacheClaim:
     claim_name: str
     access_modes: list[str]
+    capacity: str = ""
+    created_by_kama: bool = False
+
+
+def cache_claim_name(cache: str) -> str:
+    return f"kama-cache-{cache}"
 
 
 @dataclass(frozen=True)
@@ -161,7 +173,7 @@ class KubeActivities:
             name = existing["claimName"]
         else:
             template = spec.get("claimTemplate") or {}
-            name = f"kama-cache-{request.name}"
+            name = cache_claim_name(request.name)
             claim = k8s.V1PersistentVolumeClaim(
                 metadata=k8s.V1ObjectMeta(
                     name=name,
@@ -205,6 +217,8 @@ class KubeActivities:
         return CacheClaim(
             claim_name=name,
             access_modes=list(pvc.status.access_modes or pvc.spec.access_modes or []),
+            capacity=str((pvc.status.capacity or {}).get("storage", "")),
+            created_by_kama=(pvc.metadata.annotations or {}).get("kama.dev/created-by") == "kama",
         )
 
     @activity.defn(name="Find source claim")
@@ -333,11 +347,40 @@ class KubeActivities:
             if i.get("spec", {}).get("modelRef", {}).get("name") == ref.name
         )
 
+    @activity.defn(name="List artifacts using cache")
+    def cache_users(self, ref: ObjectRef) -> list[str]:
+        items = self.custom.list_namespaced_custom_object(GROUP, VERSION, ref.namespace, ARTIFACTS)[
+            "items"
+        ]
+        return sorted(
+            i["metadata"]["name"]
+            for i in items
+            if (i.get("spec", {}).get("cacheRef") or {}).get("name") == ref.name
+        )
+
+    @activity.defn(name="Delete cache claim")
+    def delete_cache_claim(self, request: CacheRequest) -> bool:
+        """Delete the claim Kama created for a cache; never a claim Kama did not create."""
+        name = cache_claim_name(request.name)
+        try:
+            pvc = self.core.read_namespaced_persistent_volume_claim(name, request.namespace)
+        except k8s.ApiException as exc:
+            _not_found_ok(exc)
+            return False
+        if (pvc.metadata.annotations or {}).get("kama.dev/created-by") != "kama":
+            return False
+        try:
+            self.core.delete_namespaced_persistent_volume_claim(name, request.namespace)
+        except k8s.ApiException as exc:
+            _not_found_ok(exc)
+        return True
+
     @activity.defn(name="Release finalizer")
-    def release_finalizer(self, ref: ObjectRef) -> None:
+    def release_finalizer(self, request: FinalizerRequest) -> None:
+        ref = request.ref
         try:
             obj = self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, ref.namespace, ARTIFACTS, ref.name
+                GROUP, VERSION, ref.namespace, request.plural, ref.name
             )
         except k8s.ApiException as exc:
             _not_found_ok(exc)
@@ -364,7 +407,7 @@ class KubeActivities:
                 GROUP,
                 VERSION,
                 ref.namespace,
-                ARTIFACTS,
+                request.plural,
                 ref.name,
                 patch,
                 _content_type="application/json-patch+json",

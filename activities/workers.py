@@ -8,7 +8,9 @@ import asyncio
 import logging
 import os
 import signal
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 from kubernetes import client as k8s
@@ -39,6 +41,7 @@ async def run_worker(settings: Settings) -> None:
     from activities.kube import ImporterSettings, KubeActivities
     from activities.progress import ProgressActivities
     from workflows.artifact import ArtifactWorkflow
+    from workflows.cache import CacheWorkflow
     from workflows.import_model import ImportWorkflow
     from workflows.verify_model import VerifyWorkflow
 
@@ -59,7 +62,7 @@ async def run_worker(settings: Settings) -> None:
         worker = Worker(
             client,
             task_queue=settings.control_queue,
-            workflows=[ArtifactWorkflow, ImportWorkflow, VerifyWorkflow],
+            workflows=[ArtifactWorkflow, CacheWorkflow, ImportWorkflow, VerifyWorkflow],
             activities=[
                 kube.patch_status,
                 kube.record_event,
@@ -68,6 +71,8 @@ async def run_worker(settings: Settings) -> None:
                 kube.ensure_importer_pod,
                 kube.delete_pod,
                 kube.artifact_users,
+                kube.cache_users,
+                kube.delete_cache_claim,
                 kube.release_finalizer,
                 progress.import_progress,
             ],
@@ -78,11 +83,30 @@ async def run_worker(settings: Settings) -> None:
             await stop.wait()
 
 
-async def run_importer(settings: Settings, *, task_queue: str) -> None:
+def importer_activities(*, http: httpx.Client, hf_endpoint: str) -> list[Callable[..., Any]]:
+    """Everything that runs next to a volume: sources, hashing, publication."""
     from activities.cache import CacheActivities
     from activities.huggingface import HuggingFaceActivities
     from activities.volume_source import PvcSourceActivities
 
+    hf = HuggingFaceActivities(http=http, endpoint=hf_endpoint)
+    cache = CacheActivities()
+    volume = PvcSourceActivities()
+    return [
+        hf.resolve_source,
+        hf.download_file,
+        cache.ensure_space,
+        cache.lookup,
+        cache.publish,
+        cache.discard_staging,
+        cache.verify_published,
+        volume.resolve,
+        volume.copy_file,
+        volume.verify_in_place,
+    ]
+
+
+async def run_importer(settings: Settings, *, task_queue: str) -> None:
     client = await Client.connect(settings.temporal_address, namespace=settings.temporal_namespace)
     stop = asyncio.Event()
     _stop_on_signals(asyncio.get_running_loop(), stop)
@@ -90,24 +114,10 @@ async def run_importer(settings: Settings, *, task_queue: str) -> None:
         httpx.Client(timeout=httpx.Timeout(60, connect=10), follow_redirects=True) as http,
         ThreadPoolExecutor(max_workers=4) as pool,
     ):
-        hf = HuggingFaceActivities(http=http, endpoint=settings.hf_endpoint)
-        cache = CacheActivities()
-        volume = PvcSourceActivities()
         worker = Worker(
             client,
             task_queue=task_queue,
-            activities=[
-                hf.resolve_source,
-                hf.download_file,
-                cache.ensure_space,
-                cache.lookup,
-                cache.publish,
-                cache.discard_staging,
-                cache.verify_published,
-                volume.resolve,
-                volume.copy_file,
-                volume.verify_in_place,
-            ],
+            activities=importer_activities(http=http, hf_endpoint=settings.hf_endpoint),
             activity_executor=pool,
         )
         async with worker:

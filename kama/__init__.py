@@ -1,1 +1,1 @@
-"""Kama kama package."""
+"""Kama's domain without I/O: API types, GGUF inspection, cache layout, planner inputs, settings, CLI."""

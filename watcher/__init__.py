@@ -1,1 +1,1 @@
-"""Kama watcher package."""
+"""The watcher process: list+watch Kama resources and nudge their entity workflows."""

@@ -1,1 +1,1 @@
-"""Kama workflows package."""
+"""Temporal workflows, one per module, deterministic and free of I/O."""

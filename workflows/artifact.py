@@ -20,6 +20,8 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError, ChildWorkflowError
 
+from workflows.kube_calls import KUBE_TIMEOUT, call_kube
+
 with workflow.unsafe.imports_passed_through():
     from activities.kube import (
         ARTIFACTS,
@@ -29,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
         CacheClaim,
         CacheRequest,
         EventRequest,
+        FinalizerRequest,
         ImporterPod,
         KubeActivities,
         ObjectRef,
@@ -43,10 +46,6 @@ with workflow.unsafe.imports_passed_through():
     from workflows.import_model import ImportInput, ImportResult, ImportWorkflow
     from workflows.verify_model import VerifyInput, VerifyResult, VerifyWorkflow
 
-KUBE_TIMEOUT = timedelta(seconds=30)
-KUBE_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=20)
-)
 CLAIM_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     maximum_interval=timedelta(seconds=10),
@@ -295,11 +294,8 @@ class ArtifactWorkflow:
                 done, _ = await workflow.wait([child], timeout=PROGRESS_EVERY.total_seconds())
                 if done:
                     break
-                progress: ImportProgress = await workflow.execute_activity_method(
-                    ProgressActivities.import_progress,
-                    ProgressRequest(workflow_id=child_id),
-                    start_to_close_timeout=KUBE_TIMEOUT,
-                    retry_policy=KUBE_RETRY,
+                progress: ImportProgress = await self._kube(
+                    ProgressActivities.import_progress, ProgressRequest(workflow_id=child_id)
                 )
                 if progress.bytes_total:
                     await self._write(
@@ -418,7 +414,9 @@ class ArtifactWorkflow:
                 f"still used by ModelDeployment(s) {', '.join(users)}",
             )
             await asyncio.sleep(DELETE_RECHECK.total_seconds())
-        await self._kube(KubeActivities.release_finalizer, snap.ref)
+        await self._kube(
+            KubeActivities.release_finalizer, FinalizerRequest(plural=ARTIFACTS, ref=snap.ref)
+        )
         self._doing = "deleted (bytes kept in the cache)"
 
     # helpers ------------------------------------------------------------------
@@ -433,9 +431,7 @@ class ArtifactWorkflow:
         return claim
 
     async def _kube(self, method: Any, argument: Any) -> Any:
-        return await workflow.execute_activity_method(
-            method, argument, start_to_close_timeout=KUBE_TIMEOUT, retry_policy=KUBE_RETRY
-        )
+        return await call_kube(method, argument)
 
     async def _event(self, snap: ArtifactSnapshot, kind: str, reason: str, message: str) -> None:
         await self._kube(

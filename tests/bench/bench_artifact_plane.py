@@ -21,10 +21,9 @@ from huggingface_hub import hf_hub_url
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.cache import CacheActivities
-from activities.huggingface import HuggingFaceActivities
 from activities.models import HuggingFaceSource
 from activities.storage import hash_file
+from activities.workers import importer_activities
 from kama.testing.gguf_factory import ModelShape, write_model
 from localstack.binaries import REPO_ROOT
 from localstack.hub import HubFixture
@@ -108,19 +107,11 @@ async def test_import_vs_download_only(tmp_path: Path, temporal_server: Temporal
         client = await Client.connect(temporal_server.address)
         queue = f"bench-{uuid.uuid4().hex[:6]}"
         with httpx.Client(timeout=120) as http, ThreadPoolExecutor(max_workers=4) as pool:
-            hf, cache = HuggingFaceActivities(http=http, endpoint=hub.url), CacheActivities()
             worker = Worker(
                 client,
                 task_queue=queue,
                 workflows=[ImportWorkflow],
-                activities=[
-                    hf.resolve_source,
-                    hf.download_file,
-                    cache.ensure_space,
-                    cache.lookup,
-                    cache.publish,
-                    cache.discard_staging,
-                ],
+                activities=importer_activities(http=http, hf_endpoint=hub.url),
                 activity_executor=pool,
             )
             async with worker:

@@ -381,3 +381,95 @@ def test_pvc_copy_and_direct_sources(kama_control: KamaControl, namespace: str) 
     assert "outside the source claim" in condition(escape, "SourceUnavailable")["message"]  # type: ignore[index]
     pipe = wait_condition(control, namespace, "pipe", "SourceUnavailable")
     assert "not a regular file" in condition(pipe, "SourceUnavailable")["message"]  # type: ignore[index]
+
+
+def test_cache_reports_storage_and_deletes_only_its_own_claim(
+    kama_control: KamaControl, namespace: str, tmp_path: Path
+) -> None:
+    control = kama_control
+    repo, _, _ = publish_model(control, tmp_path, seed=31)
+    owned = cache(namespace)
+    owned["spec"]["retentionPolicy"] = "Delete"
+    apply(control.stack, owned, hf_artifact(namespace, "user", repo, ["tiny.gguf"]))
+
+    def cache_ready() -> dict[str, Any] | None:
+        obj = get_json(control.stack, "modelcache", "models", "-n", namespace)
+        found = condition(obj, "Ready")
+        return obj if found and found["status"] == "True" else None
+
+    status = eventually(cache_ready, timeout=READY_TIMEOUT, what="cache Ready")["status"]
+    assert status["claimName"] == "kama-cache-models" and status["capacity"] == "2Gi"
+    assert status["accessModes"] == ["ReadWriteOnce"]
+    wait_condition(control, namespace, "user", "Ready")
+
+    kubectl(control.stack, "delete", "modelcache", "models", "-n", namespace, "--wait=false")
+    eventually(
+        lambda: (
+            "DeletionBlocked"
+            in kubectl(
+                control.stack,
+                "get",
+                "events",
+                "-n",
+                namespace,
+                "--field-selector",
+                "involvedObject.name=models",
+            ).stdout
+        ),
+        timeout=60,
+        what="the cache deletion to be held while an artifact uses it",
+    )
+    assert get_json(control.stack, "pvc", "kama-cache-models", "-n", namespace)["metadata"]["name"]
+    kubectl(control.stack, "delete", "modelartifact", "user", "-n", namespace, "--timeout=60s")
+    eventually(
+        lambda: (
+            kubectl(
+                control.stack, "get", "modelcache", "models", "-n", namespace, check=False
+            ).returncode
+            != 0
+        ),
+        timeout=90,
+        what="the cache to be deleted once unused",
+    )
+    eventually(
+        lambda: (
+            kubectl(
+                control.stack, "get", "pvc", "kama-cache-models", "-n", namespace, check=False
+            ).returncode
+            != 0
+        ),
+        timeout=60,
+        what="the claim Kama created to be deleted (retentionPolicy Delete)",
+    )
+
+    # an existing claim is never deleted, whatever happens to the cache
+    apply(
+        control.stack,
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "precious", "namespace": namespace},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        },
+        {
+            "apiVersion": "kama.dev/v1alpha1",
+            "kind": "ModelCache",
+            "metadata": {"name": "borrowed", "namespace": namespace},
+            "spec": {"persistentVolumeClaim": {"claimName": "precious"}},
+        },
+    )
+    eventually(
+        lambda: condition(
+            get_json(control.stack, "modelcache", "borrowed", "-n", namespace), "Ready"
+        ),
+        timeout=READY_TIMEOUT,
+        what="the borrowed cache to report",
+    )
+    kubectl(control.stack, "delete", "modelcache", "borrowed", "-n", namespace, "--timeout=60s")
+    assert (
+        get_json(control.stack, "pvc", "precious", "-n", namespace)["metadata"]["name"]
+        == "precious"
+    )

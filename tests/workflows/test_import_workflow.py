@@ -16,9 +16,8 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-from activities.cache import CacheActivities
-from activities.huggingface import HuggingFaceActivities
 from activities.models import HuggingFaceSource
+from activities.workers import importer_activities
 from kama.cache_layout import READY_NAME, Manifest
 from kama.testing.gguf_factory import ModelShape, write_bad_magic, write_model, write_shards
 from localstack.hub import Fault, HubFixture
@@ -39,8 +38,6 @@ async def workers(temporal_client: Client) -> AsyncIterator[Workers]:
         importer_queue=f"importer-{uuid.uuid4().hex[:8]}",
     )
     with httpx.Client(timeout=30) as http, ThreadPoolExecutor(max_workers=8) as pool:
-        hf = HuggingFaceActivities(http=http)
-        cache = CacheActivities()
         control = Worker(
             temporal_client,
             task_queue=queues.control_queue,
@@ -49,15 +46,7 @@ async def workers(temporal_client: Client) -> AsyncIterator[Workers]:
         importer = Worker(
             temporal_client,
             task_queue=queues.importer_queue,
-            activities=[
-                hf.resolve_source,
-                hf.download_file,
-                cache.ensure_space,
-                cache.lookup,
-                cache.publish,
-                cache.discard_staging,
-                cache.verify_published,
-            ],
+            activities=importer_activities(http=http, hf_endpoint=""),
             activity_executor=pool,
         )
         async with control, importer:

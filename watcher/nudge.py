@@ -1,7 +1,7 @@
-"""ModelArtifact events → the artifact's entity workflow.
+"""Kama resource events → their entity workflows.
 
 On first sight the watcher adds Kama's finalizer (so deletion waits for the
-workflow), then signal-with-starts `artifact/<ns>/<name>/<uid>` with the latest
+workflow), then signal-with-starts `<prefix>/<ns>/<name>/<uid>` with the latest
 spec. Workflow IDs are deterministic and the signal is an idempotent nudge, so any
 number of watchers may run at once.
 """
@@ -9,15 +9,18 @@ number of watchers may run at once.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client as k8s
 from temporalio.client import Client
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 
-from activities.kube import ARTIFACTS, ObjectRef
+from activities.kube import ARTIFACTS, CACHES, ObjectRef
 from kama.api import FINALIZER, GROUP, VERSION
 from workflows.artifact import ArtifactInput, ArtifactSnapshot, ArtifactWorkflow
+from workflows.cache import CacheInput, CacheWorkflow
 
 log = logging.getLogger("kama.watcher")
 
@@ -26,8 +29,17 @@ KAMA_NAMESPACE = SearchAttributeKey.for_keyword("KamaNamespace")
 KAMA_NAME = SearchAttributeKey.for_keyword("KamaName")
 
 
-def artifact_workflow_id(ref: ObjectRef) -> str:
-    return f"artifact/{ref.namespace}/{ref.name}/{ref.uid}"
+@dataclass(frozen=True)
+class EntityKind:
+    kind: str
+    plural: str
+    id_prefix: str
+    run: Any  # the entity workflow's run method
+    make_input: Callable[[ArtifactSnapshot], Any]
+    summary: Callable[[dict[str, Any]], str]
+
+    def workflow_id(self, ref: ObjectRef) -> str:
+        return f"{self.id_prefix}/{ref.namespace}/{ref.name}/{ref.uid}"
 
 
 def snapshot_of(obj: dict[str, Any]) -> ArtifactSnapshot:
@@ -40,7 +52,7 @@ def snapshot_of(obj: dict[str, Any]) -> ArtifactSnapshot:
     )
 
 
-def spec_summary(spec: dict[str, Any]) -> str:
+def artifact_summary(spec: dict[str, Any]) -> str:
     source = spec.get("source", {})
     if "huggingFace" in source:
         hf = source["huggingFace"]
@@ -49,11 +61,39 @@ def spec_summary(spec: dict[str, Any]) -> str:
     return f"pvc {pvc.get('claimName')}:{pvc.get('path')} ({pvc.get('mode', 'Copy')})"
 
 
-class ArtifactNudger:
-    def __init__(self, *, client: Client, custom: k8s.CustomObjectsApi, task_queue: str) -> None:
+def cache_summary(spec: dict[str, Any]) -> str:
+    if "persistentVolumeClaim" in spec:
+        return f"existing claim {spec['persistentVolumeClaim'].get('claimName')}"
+    template = spec.get("claimTemplate", {})
+    return f"claim template {template.get('size')} ({spec.get('retentionPolicy', 'Retain')})"
+
+
+ARTIFACT = EntityKind(
+    kind="ModelArtifact",
+    plural=ARTIFACTS,
+    id_prefix="artifact",
+    run=ArtifactWorkflow.run,
+    make_input=lambda snap: ArtifactInput(snapshot=snap),
+    summary=artifact_summary,
+)
+CACHE = EntityKind(
+    kind="ModelCache",
+    plural=CACHES,
+    id_prefix="cache",
+    run=CacheWorkflow.run,
+    make_input=lambda snap: CacheInput(snapshot=snap),
+    summary=cache_summary,
+)
+
+
+class Nudger:
+    def __init__(
+        self, *, client: Client, custom: k8s.CustomObjectsApi, task_queue: str, entity: EntityKind
+    ) -> None:
         self.client = client
         self.custom = custom
         self.task_queue = task_queue
+        self.entity = entity
 
     def ensure_finalizer(self, obj: dict[str, Any]) -> bool:
         """Add the finalizer unless present or deleting; False if the object is gone."""
@@ -73,7 +113,7 @@ class ArtifactNudger:
                 GROUP,
                 VERSION,
                 meta["namespace"],
-                ARTIFACTS,
+                self.entity.plural,
                 meta["name"],
                 patch,
                 _content_type="application/json-patch+json",
@@ -91,24 +131,24 @@ class ArtifactNudger:
             return
         snap = snapshot_of(obj)
         await self.client.start_workflow(
-            ArtifactWorkflow.run,
-            ArtifactInput(snapshot=snap),
-            id=artifact_workflow_id(snap.ref),
+            self.entity.run,
+            self.entity.make_input(snap),
+            id=self.entity.workflow_id(snap.ref),
             task_queue=self.task_queue,
             start_signal="spec changed",
             start_signal_args=[snap],
             search_attributes=TypedSearchAttributes(
                 [
-                    SearchAttributePair(KAMA_KIND, "ModelArtifact"),
+                    SearchAttributePair(KAMA_KIND, self.entity.kind),
                     SearchAttributePair(KAMA_NAMESPACE, snap.ref.namespace),
                     SearchAttributePair(KAMA_NAME, snap.ref.name),
                 ]
             ),
-            memo={"spec": spec_summary(snap.spec)},
+            memo={"spec": self.entity.summary(snap.spec)},
         )
         log.info(
             "nudged %s (generation %d%s)",
-            artifact_workflow_id(snap.ref),
+            self.entity.workflow_id(snap.ref),
             snap.generation,
             ", deleting" if snap.deleting else "",
         )
