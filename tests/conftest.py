@@ -86,6 +86,7 @@ class KamaControl:
     env: dict[str, str]
     worker: ManagedProcess
     watcher: ManagedProcess
+    second_watcher: ManagedProcess  # two watchers at once must be safe
 
     def restart_worker(self) -> None:
         self.worker.stop(grace=0)
@@ -96,11 +97,14 @@ class KamaControl:
         self.worker.popen.wait(timeout=10)
 
 
-def _kama_process(stack: LocalStack, command: str, env: dict[str, str]) -> ManagedProcess:
+def _kama_process(
+    stack: LocalStack, command: str, env: dict[str, str], *, name: str | None = None
+) -> ManagedProcess:
+    label = name or command
     return ManagedProcess(
-        name=f"kama-{command}",
+        name=f"kama-{label}",
         argv=[sys.executable, "-m", "kama.cli", command],
-        log_path=stack.workdir / "logs" / f"kama-{command}.log",
+        log_path=stack.workdir / "logs" / f"kama-{label}.log",
         stack_id=stack.stack_id,
         env={**os.environ, **env},
         cwd=REPO_ROOT,
@@ -123,9 +127,11 @@ def kama_control(crds: LocalStack, hub: HubFixture) -> Iterator[KamaControl]:
         env=env,
         worker=_kama_process(stack, "worker", env),
         watcher=_kama_process(stack, "watcher", env),
+        second_watcher=_kama_process(stack, "watcher", env, name="watcher-b"),
     )
     try:
         yield control
     finally:
         control.watcher.stop(grace=5)
+        control.second_watcher.stop(grace=5)
         control.worker.stop(grace=5)

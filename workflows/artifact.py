@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.kube import (
         ARTIFACTS,
         CACHE_MOUNT,
+        CACHES,
         SOURCE_MOUNT,
         TOKEN_MOUNT,
         CacheClaim,
@@ -42,7 +43,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.progress import ImportProgress, ProgressActivities, ProgressRequest
     from kama.api import ArtifactCondition, ArtifactPhase, ModelArtifactSpec
     from kama.cache_layout import blob_dir
-    from kama.conditions import Conditions, set_condition
+    from kama.conditions import Conditions, rfc3339, set_condition
     from workflows.import_model import ImportInput, ImportResult, ImportWorkflow
     from workflows.verify_model import VerifyInput, VerifyResult, VerifyWorkflow
 
@@ -321,6 +322,15 @@ class ArtifactWorkflow:
             await self._fail(snap, kind, message, operation, pod)
             return
         await self._succeed(snap, result, claim, pod)
+        if result.free_bytes is not None and spec.cache_ref is not None:
+            cache = ObjectRef(namespace=snap.ref.namespace, name=spec.cache_ref.name, uid="")
+            free = {
+                "freeBytes": result.free_bytes - result.artifact.total_size,
+                "freeReportedAt": rfc3339(workflow.now()),
+            }
+            await self._kube(
+                KubeActivities.patch_status, StatusPatch(kind_plural=CACHES, ref=cache, status=free)
+            )
 
     async def _succeed(
         self, snap: ArtifactSnapshot, result: ImportResult, claim: CacheClaim, pod: PodRef

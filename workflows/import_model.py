@@ -72,7 +72,11 @@ class ImportResult:
     files: list[DownloadedFile]
     artifact: PublishedArtifact
     reused: bool
-    in_place: bool = False  # PVC Direct: verified where it is, nothing copied
+    in_place: bool = False
+    operation_id: str = ""
+    free_bytes: int | None = (
+        None  # free space of the cache before the download  # PVC Direct: verified where it is, nothing copied
+    )
 
 
 @dataclass
@@ -123,7 +127,7 @@ class ImportWorkflow:
             return reused
 
         self._status.phase = "Importing"
-        await workflow.execute_activity_method(
+        free_bytes: int = await workflow.execute_activity_method(
             CacheActivities.ensure_space,
             SpaceRequest(cache_root=request.cache_root, needed_bytes=resolved.total_size),
             task_queue=request.importer_task_queue,
@@ -161,7 +165,12 @@ class ImportWorkflow:
         )
         self._status.phase = "Published"
         return ImportResult(
-            commit=resolved.commit, files=downloaded, artifact=artifact, reused=False
+            commit=resolved.commit,
+            files=downloaded,
+            artifact=artifact,
+            reused=False,
+            operation_id=request.operation_id,
+            free_bytes=free_bytes,
         )
 
     async def _resolve(self, request: ImportInput) -> ResolvedSource:
@@ -268,7 +277,13 @@ class ImportWorkflow:
             start_to_close_timeout=CACHE_TIMEOUT,
             retry_policy=CACHE_RETRY,
         )
-        return ImportResult(commit=resolved.commit, files=files, artifact=artifact, reused=True)
+        return ImportResult(
+            commit=resolved.commit,
+            files=files,
+            artifact=artifact,
+            reused=True,
+            operation_id=request.operation_id,
+        )
 
     async def _discard(self, request: ImportInput) -> None:
         await workflow.execute_activity_method(

@@ -131,7 +131,12 @@ def test_hugging_face_artifact_becomes_ready(
         text=True,
         check=True,
     ).stdout
-    assert f"artifact/{namespace}/tiny/" in listed
+    ids = {row["execution"]["workflowId"] for row in json.loads(listed)}
+    entity = [i for i in ids if i.startswith(f"artifact/{namespace}/tiny/")]
+    assert len(entity) == 1, f"two watchers, one entity workflow: {ids}"
+    assert any(i.startswith(f"import/{namespace}/tiny/") for i in ids), (
+        "the import child is found by KamaName too"
+    )
 
     # importer pods are gone once the import is done
     pods = kubectl(
@@ -401,6 +406,14 @@ def test_cache_reports_storage_and_deletes_only_its_own_claim(
     assert status["claimName"] == "kama-cache-models" and status["capacity"] == "2Gi"
     assert status["accessModes"] == ["ReadWriteOnce"]
     wait_condition(control, namespace, "user", "Ready")
+    reported = eventually(
+        lambda: get_json(control.stack, "modelcache", "models", "-n", namespace)["status"].get(
+            "freeBytes"
+        ),
+        timeout=30,
+        what="free space reported by the importer",
+    )
+    assert reported > 0
 
     kubectl(control.stack, "delete", "modelcache", "models", "-n", namespace, "--wait=false")
     eventually(

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
-from temporalio.worker import Worker
+from temporalio.worker import Replayer, Worker
 
 from activities.models import HuggingFaceSource
 from activities.workers import importer_activities
@@ -234,3 +234,37 @@ async def test_verify_rehashes_published_blob_and_catches_corruption(
         )
     cause = application_error(failure.value)
     assert cause.type == "ChecksumMismatch" and "v.gguf" in str(cause)
+
+
+async def test_recorded_histories_replay_deterministically(
+    temporal_client: Client, workers: Workers, hub: HubFixture, tmp_path: Path
+) -> None:
+    model = write_model(tmp_path / "r.gguf", shape=ModelShape(seed=8))
+    hub.add_repo("acme/replay", {"r.gguf": model})
+    hub.inject("acme/replay", "r.gguf", Fault(truncate_at=50_000))  # include a retried activity
+    cache = tmp_path / "cache"
+    result = await run_import(temporal_client, workers, hub, cache, "acme/replay", ["r.gguf"])
+    verify_id = f"verify/{uuid.uuid4().hex[:8]}"
+    await temporal_client.execute_workflow(
+        VerifyWorkflow.run,
+        VerifyInput(
+            importer_task_queue=workers.importer_queue,
+            cache_root=str(cache),
+            manifest_digest=result.artifact.manifest_digest,
+        ),
+        id=verify_id,
+        task_queue=workers.control_queue,
+    )
+    import_ids = [
+        w.id
+        async for w in temporal_client.list_workflows("WorkflowType='Import model'")
+        if "import/op-" in w.id
+    ]
+    histories = [
+        await temporal_client.get_workflow_handle(i).fetch_history() for i in import_ids[:3]
+    ]
+    histories.append(await temporal_client.get_workflow_handle(verify_id).fetch_history())
+    replayer = Replayer(workflows=[ImportWorkflow, VerifyWorkflow])
+    for history in histories:
+        replay = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+        assert replay.replay_failure is None, f"{history.workflow_id}: {replay.replay_failure}"

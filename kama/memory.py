@@ -1,0 +1,516 @@
+"""Memory estimator for one llama-server replica: RAM on the host and VRAM per GPU.
+
+The placement planner (``kama.planner``) must know, before any pod exists, whether a
+model with a given runtime envelope (context, slots, KV precision, batch sizes) fits a
+node's RAM and GPUs, and how many layers fit when it does not fit whole. This module
+answers that from GGUF facts alone, following how the pinned llama.cpp lays a model
+out (``src/llama-model.cpp`` ``load_tensors``, ``src/llama-context.cpp``):
+
+* ``--n-gpu-layers k`` offloads the *last* ``k`` of ``n_layer + 1`` units, where unit
+  ``n_layer`` is the output layer (``output.weight``, ``output_norm.*``). So the output
+  layer is the first unit to move to a GPU and ``k = n_layer + 1`` offloads everything.
+  The input layer (``token_embd.weight``) always stays on the host.
+* With several GPUs the offloaded units are assigned by the cumulative, normalised
+  ``--tensor-split`` proportions (unit ``u`` goes to the first GPU whose split point is
+  above ``(u - first) / k``).
+* Each layer's KV cache lives with its layer (``offload_kqv`` is on by default).
+* Every slot's context is padded to a multiple of 256 cells (``KV_CONTEXT_PADDING``).
+
+Formulas (all bytes; ``E`` = n_embd, ``F`` = n_ff, ``V`` = n_vocab, ``H`` = n_head,
+``ub`` = micro batch, ``b`` = batch, ``c`` = padded context per slot, ``s`` = slots)::
+
+    n_ctx_total    = c * s
+    KV of layer i  = n_ctx_total * n_head_kv(i) * (head_dim_k * size(k) + head_dim_v * size(v))
+    activations    = ub * (COMPUTE_EMBD_FACTOR * E + COMPUTE_FF_FACTOR * F) * 4
+    attention      = c * ub * H * 4  (KQ scores of one layer, reused; 0 with flash attention)
+                   + c * ub * KQ_MASK_BYTES
+    logits         = ub * V * 4
+    compute(dev)   = activations            if dev holds any unit
+                   + attention              if dev holds a repeating layer
+                   + logits                 if dev holds the output layer
+                   (+ ub * E * 4 on the host for the input embeddings)
+    VRAM(gpu)      = weights on it + KV on it + compute(gpu) + CUDA_CONTEXT_RESERVE_BYTES
+    RAM            = weights on the host (mmap'ed pages count) + KV on the host
+                   + compute(host) + HOST_OVERHEAD_BYTES + b * V * 4 (output buffer)
+                   + CUDA_HOST_RUNTIME_BYTES when any GPU is used
+
+``size(t)`` is bytes per element from the ggml block size (q8_0: 34 bytes per 32).
+Flash attention ``Auto`` is estimated as off (the larger figure) unless the V cache is
+quantized, which makes llama.cpp turn it on. Not modelled (left to calibration against
+real llama-server VmHWM, see the benchmarks): the extra compute-buffer copies of
+pipeline parallelism across layer-split GPUs, sliding-window KV, MoE routing buffers.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from fractions import Fraction
+from functools import cached_property
+from types import MappingProxyType
+from typing import Final
+
+from kama.gguf import GGUFFacts
+
+__all__ = [
+    "COMPUTE_EMBD_FACTOR",
+    "COMPUTE_FF_FACTOR",
+    "CUDA_CONTEXT_RESERVE_BYTES",
+    "CUDA_HOST_RUNTIME_BYTES",
+    "DEFAULT_BATCH_SIZE",
+    "DEFAULT_MICRO_BATCH_SIZE",
+    "F32_BYTES",
+    "GIB",
+    "HOST_OVERHEAD_BYTES",
+    "KQ_MASK_BYTES",
+    "KV_CONTEXT_PADDING",
+    "KV_TYPE_BLOCKS",
+    "MIB",
+    "DeviceEstimate",
+    "FlashAttention",
+    "KVCacheType",
+    "MemoryEstimate",
+    "ModelFacts",
+    "RuntimeEnvelope",
+    "assign_units",
+    "estimate_memory",
+    "format_bytes",
+    "kv_cache_bytes",
+    "padded_context",
+]
+
+MIB: Final = 1 << 20
+GIB: Final = 1 << 30
+
+F32_BYTES: Final = 4
+"""Activations, attention scores and logits are f32 in llama.cpp's graphs."""
+
+KV_CONTEXT_PADDING: Final = 256
+"""llama.cpp rounds each slot's context up to a multiple of 256 cells (llama-context.cpp)."""
+
+COMPUTE_EMBD_FACTOR: Final = 4
+"""Rows of width n_embd alive at once per token in a layer (residual, norm, Q/K/V, out)."""
+
+COMPUTE_FF_FACTOR: Final = 2
+"""Rows of width n_ff alive at once per token in the feed-forward block (gate, up)."""
+
+KQ_MASK_BYTES: Final = 2
+"""The attention mask is f16, one element per (KV cell, token of the micro batch)."""
+
+CUDA_CONTEXT_RESERVE_BYTES: Final = 512 * MIB
+"""Per GPU: CUDA context, cuBLAS workspace and allocator slack that no tensor accounts for."""
+
+CUDA_HOST_RUNTIME_BYTES: Final = 512 * MIB
+"""Host RAM the CUDA driver and libraries take once a process uses a GPU."""
+
+HOST_OVERHEAD_BYTES: Final = 64 * MIB
+"""Host RAM of the process itself: code, vocabulary, server state, allocator slack."""
+
+DEFAULT_BATCH_SIZE: Final = 2048
+"""llama.cpp's default ``--batch-size``."""
+
+DEFAULT_MICRO_BATCH_SIZE: Final = 512
+"""llama.cpp's default ``--ubatch-size``."""
+
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
+_OUTPUT_PREFIXES = ("output.", "output_norm.")
+_TOKEN_EMBD = "token_embd.weight"
+_OUTPUT_WEIGHT = "output.weight"
+
+
+class KVCacheType(StrEnum):
+    """KV cache element types llama-server accepts (``kv_cache_types`` in common/arg.cpp)."""
+
+    F32 = "f32"
+    F16 = "f16"
+    BF16 = "bf16"
+    Q8_0 = "q8_0"
+    Q5_1 = "q5_1"
+    Q5_0 = "q5_0"
+    Q4_1 = "q4_1"
+    Q4_0 = "q4_0"
+    IQ4_NL = "iq4_nl"
+
+    @property
+    def quantized(self) -> bool:
+        return KV_TYPE_BLOCKS[self][0] > 1
+
+
+KV_TYPE_BLOCKS: Final[Mapping[KVCacheType, tuple[int, int]]] = MappingProxyType(
+    {
+        KVCacheType.F32: (1, 4),
+        KVCacheType.F16: (1, 2),
+        KVCacheType.BF16: (1, 2),
+        KVCacheType.Q8_0: (32, 34),
+        KVCacheType.Q5_1: (32, 24),
+        KVCacheType.Q5_0: (32, 22),
+        KVCacheType.Q4_1: (32, 20),
+        KVCacheType.Q4_0: (32, 18),
+        KVCacheType.IQ4_NL: (32, 18),
+    }
+)
+"""(elements per block, bytes per block) of each KV type, as in ggml's type traits."""
+
+
+class FlashAttention(StrEnum):
+    AUTO = "Auto"
+    ON = "On"
+    OFF = "Off"
+
+
+def _row_bytes(*, kv_type: KVCacheType, n_elements: int) -> int:
+    """ggml_row_size: bytes of ``n_elements`` values of ``kv_type`` (whole blocks)."""
+    per_block, block_bytes = KV_TYPE_BLOCKS[kv_type]
+    return -(-n_elements // per_block) * block_bytes
+
+
+def _require_positive(owner: str, **values: int | None) -> None:
+    for name, value in values.items():
+        if value is not None and value < 1:
+            raise ValueError(f"{owner}.{name} must be >= 1, got {value}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelFacts:
+    """What the estimator needs from a model's GGUF facts (or the artifact's status)."""
+
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim_k: int
+    head_dim_v: int
+    n_ctx_train: int
+    n_vocab: int
+    tensor_bytes: Mapping[str, int]
+    n_ff: int | None = None
+    n_expert: int | None = None
+    n_head_kv_per_layer: tuple[int, ...] | None = None
+    file_type: str | None = None
+
+    def __post_init__(self) -> None:
+        _require_positive(
+            "ModelFacts",
+            n_layer=self.n_layer,
+            n_embd=self.n_embd,
+            n_head=self.n_head,
+            n_head_kv=self.n_head_kv,
+            head_dim_k=self.head_dim_k,
+            head_dim_v=self.head_dim_v,
+            n_ctx_train=self.n_ctx_train,
+            n_vocab=self.n_vocab,
+            n_ff=self.n_ff,
+        )
+        if self.n_head_kv_per_layer is not None and len(self.n_head_kv_per_layer) != self.n_layer:
+            raise ValueError(
+                f"ModelFacts.n_head_kv_per_layer has {len(self.n_head_kv_per_layer)} entries "
+                f"for {self.n_layer} layers"
+            )
+        negative = sorted(name for name, size in self.tensor_bytes.items() if size < 0)
+        if negative:
+            raise ValueError(f"ModelFacts.tensor_bytes has negative sizes for {negative[:4]}")
+        object.__setattr__(self, "tensor_bytes", MappingProxyType(dict(self.tensor_bytes)))
+
+    @classmethod
+    def from_gguf(cls, facts: GGUFFacts) -> ModelFacts:
+        """Take what the planner needs from ``facts``; ValueError names what is missing."""
+        required = {
+            "n_layer (block_count)": facts.n_layer,
+            "n_embd (embedding_length)": facts.n_embd,
+            "n_head (attention.head_count)": facts.n_head,
+            "n_head_kv": facts.n_head_kv,
+            "head_dim_k": facts.head_dim_k,
+            "head_dim_v": facts.head_dim_v,
+            "n_ctx_train (context_length)": facts.n_ctx_train,
+            "vocab size": facts.vocab_size,
+        }
+        missing = [name for name, value in required.items() if value is None]
+        if missing:
+            raise ValueError(f"GGUF facts lack what placement needs: {', '.join(missing)}")
+        assert facts.n_layer is not None and facts.n_embd is not None and facts.n_head is not None
+        assert facts.n_head_kv is not None and facts.head_dim_k is not None
+        assert facts.head_dim_v is not None and facts.n_ctx_train is not None
+        assert facts.vocab_size is not None
+        return cls(
+            n_layer=facts.n_layer,
+            n_embd=facts.n_embd,
+            n_head=facts.n_head,
+            n_head_kv=facts.n_head_kv,
+            head_dim_k=facts.head_dim_k,
+            head_dim_v=facts.head_dim_v,
+            n_ctx_train=facts.n_ctx_train,
+            n_vocab=facts.vocab_size,
+            tensor_bytes=facts.tensors,
+            n_ff=facts.n_ff,
+            n_expert=facts.n_expert,
+            n_head_kv_per_layer=facts.n_head_kv_per_layer,
+            file_type=facts.file_type_name,
+        )
+
+    @property
+    def total_weight_bytes(self) -> int:
+        return sum(self.tensor_bytes.values())
+
+    @cached_property
+    def layer_weight_bytes(self) -> tuple[int, ...]:
+        """Bytes of each repeating layer's tensors (``blk.{i}.*``)."""
+        sizes = [0] * self.n_layer
+        for name, size in self.tensor_bytes.items():
+            m = _BLOCK_RE.match(name)
+            if m and int(m[1]) < self.n_layer:
+                sizes[int(m[1])] += size
+        return tuple(sizes)
+
+    @cached_property
+    def output_weight_bytes(self) -> int:
+        """Bytes of the output layer's own tensors (``output.*``, ``output_norm.*``)."""
+        return sum(s for n, s in self.tensor_bytes.items() if n.startswith(_OUTPUT_PREFIXES))
+
+    @property
+    def output_gpu_bytes(self) -> int:
+        """Bytes the output layer takes on a GPU: with tied embeddings (no
+        ``output.weight``) llama.cpp loads a duplicate of ``token_embd.weight`` there."""
+        tied = 0 if _OUTPUT_WEIGHT in self.tensor_bytes else self.tensor_bytes.get(_TOKEN_EMBD, 0)
+        return self.output_weight_bytes + tied
+
+    @property
+    def host_only_weight_bytes(self) -> int:
+        """Bytes that never leave the host: ``token_embd`` and any other non-layer tensor."""
+        return self.total_weight_bytes - sum(self.layer_weight_bytes) - self.output_weight_bytes
+
+    def kv_heads(self, layer: int) -> int:
+        if self.n_head_kv_per_layer is not None:
+            return self.n_head_kv_per_layer[layer]
+        return self.n_head_kv
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeEnvelope:
+    """The runtime a deployment asked for. The planner never changes any of it.
+
+    ``context_size`` is per request (per slot); None means the model's native context
+    with a single slot, so ``concurrency`` must then be 1.
+    """
+
+    context_size: int | None = None
+    concurrency: int = 1
+    kv_key_type: KVCacheType = KVCacheType.F16
+    kv_value_type: KVCacheType = KVCacheType.F16
+    batch_size: int = DEFAULT_BATCH_SIZE
+    micro_batch_size: int = DEFAULT_MICRO_BATCH_SIZE
+    flash_attention: FlashAttention = FlashAttention.AUTO
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        _require_positive(
+            "RuntimeEnvelope",
+            context_size=self.context_size,
+            concurrency=self.concurrency,
+            batch_size=self.batch_size,
+            micro_batch_size=self.micro_batch_size,
+            threads=self.threads,
+        )
+        if self.context_size is None and self.concurrency != 1:
+            raise ValueError(
+                "RuntimeEnvelope.concurrency must be 1 when context_size is omitted "
+                f"(the model's native context), got {self.concurrency}"
+            )
+        if self.micro_batch_size > self.batch_size:
+            raise ValueError(
+                f"RuntimeEnvelope.micro_batch_size {self.micro_batch_size} is larger than "
+                f"batch_size {self.batch_size}"
+            )
+        if self.kv_value_type.quantized and self.flash_attention is FlashAttention.OFF:
+            raise ValueError(
+                f"a quantized V cache ({self.kv_value_type}) requires flash attention; "
+                "llama.cpp refuses it with flashAttention Off"
+            )
+
+    def context_per_slot(self, *, model: ModelFacts) -> int:
+        """Context of each slot as requested (the model's native context when omitted)."""
+        return self.context_size if self.context_size is not None else model.n_ctx_train
+
+    def ctx_total(self, *, model: ModelFacts) -> int:
+        """``--ctx-size``: context per slot times slots."""
+        return self.context_per_slot(model=model) * self.concurrency
+
+    @property
+    def flash_attention_estimated(self) -> bool:
+        """Whether the estimate assumes flash attention (Auto counts as off unless the
+        quantized V cache forces it on)."""
+        if self.flash_attention is FlashAttention.ON:
+            return True
+        return self.flash_attention is FlashAttention.AUTO and self.kv_value_type.quantized
+
+
+def padded_context(*, model: ModelFacts, envelope: RuntimeEnvelope) -> int:
+    """KV cells per slot llama.cpp allocates: the context rounded up to 256."""
+    ctx = envelope.context_per_slot(model=model)
+    return -(-ctx // KV_CONTEXT_PADDING) * KV_CONTEXT_PADDING
+
+
+def kv_cache_bytes(
+    *, model: ModelFacts, envelope: RuntimeEnvelope, layers: Sequence[int] | None = None
+) -> int:
+    """KV cache bytes of ``layers`` (all when None) for every slot's padded context."""
+    n_ctx_total = padded_context(model=model, envelope=envelope) * envelope.concurrency
+    total = 0
+    for layer in range(model.n_layer) if layers is None else layers:
+        heads = model.kv_heads(layer)
+        per_cell = _row_bytes(
+            kv_type=envelope.kv_key_type, n_elements=model.head_dim_k * heads
+        ) + _row_bytes(kv_type=envelope.kv_value_type, n_elements=model.head_dim_v * heads)
+        total += n_ctx_total * per_cell
+    return total
+
+
+def assign_units(
+    *, n_layer: int, n_gpu_layers: int, tensor_split: Sequence[int]
+) -> tuple[int | None, ...]:
+    """Device of each of the ``n_layer + 1`` units (the last is the output layer).
+
+    None is the host, otherwise the GPU index. Mirrors llama.cpp's ``load_tensors``:
+    the last ``n_gpu_layers`` units are offloaded, spread by cumulative split points.
+    An empty ``tensor_split`` means one GPU.
+    """
+    units = n_layer + 1
+    if not 0 <= n_gpu_layers <= units:
+        raise ValueError(f"n_gpu_layers must be in 0..{units}, got {n_gpu_layers}")
+    weights = list(tensor_split) or [1]
+    if any(w < 0 for w in weights) or sum(weights) == 0:
+        raise ValueError(f"tensor_split must be non-negative with a positive sum: {weights}")
+    points: list[Fraction] = []
+    running = 0
+    for w in weights:
+        running += w
+        points.append(Fraction(running, sum(weights)))
+    first = units - n_gpu_layers
+    devices: list[int | None] = []
+    for unit in range(units):
+        if unit < first:
+            devices.append(None)
+            continue
+        where = Fraction(unit - first, n_gpu_layers)
+        devices.append(next(i for i, p in enumerate(points) if p > where))
+    return tuple(devices)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceEstimate:
+    """Estimated bytes on one device (the host or one GPU)."""
+
+    weights_bytes: int
+    kv_bytes: int
+    compute_bytes: int
+    overhead_bytes: int
+    n_layers: int  # repeating layers held
+    holds_output: bool
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.overhead_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryEstimate:
+    """The estimate for one candidate: host RAM plus each GPU's VRAM."""
+
+    n_gpu_layers: int
+    host: DeviceEstimate
+    gpus: tuple[DeviceEstimate, ...] = field(default=())
+
+    @property
+    def ram_bytes(self) -> int:
+        return self.host.total_bytes
+
+    @property
+    def vram_bytes_by_gpu(self) -> tuple[int, ...]:
+        return tuple(g.total_bytes for g in self.gpus)
+
+    @property
+    def vram_bytes_per_gpu(self) -> int:
+        """The largest GPU's need (every GPU of a replica has the same memory)."""
+        return max(self.vram_bytes_by_gpu, default=0)
+
+
+def _compute_bytes(
+    *,
+    model: ModelFacts,
+    envelope: RuntimeEnvelope,
+    n_layers: int,
+    holds_output: bool,
+    is_host: bool,
+) -> int:
+    ub = envelope.micro_batch_size
+    n_ff = model.n_ff if model.n_ff is not None else 4 * model.n_embd
+    ctx = padded_context(model=model, envelope=envelope)
+    total = ub * model.n_embd * F32_BYTES if is_host else 0  # input embeddings
+    if n_layers or holds_output:
+        total += ub * (COMPUTE_EMBD_FACTOR * model.n_embd + COMPUTE_FF_FACTOR * n_ff) * F32_BYTES
+    if n_layers:
+        scores = 0 if envelope.flash_attention_estimated else ctx * ub * model.n_head * F32_BYTES
+        total += scores + ctx * ub * KQ_MASK_BYTES
+    if holds_output:
+        total += ub * model.n_vocab * F32_BYTES
+    return total
+
+
+def estimate_memory(
+    *,
+    model: ModelFacts,
+    envelope: RuntimeEnvelope,
+    n_gpu_layers: int,
+    gpus: int,
+    tensor_split: Sequence[int] = (),
+) -> MemoryEstimate:
+    """Estimate one replica with ``n_gpu_layers`` units offloaded over ``gpus`` GPUs."""
+    if gpus < 0 or (gpus == 0) != (n_gpu_layers == 0):
+        raise ValueError(f"n_gpu_layers={n_gpu_layers} does not go with {gpus} GPUs")
+    split = tuple(tensor_split) if gpus > 1 else ()
+    if gpus > 1 and len(split) != gpus:
+        raise ValueError(f"tensor_split {split} does not have one entry per GPU ({gpus})")
+    devices = assign_units(n_layer=model.n_layer, n_gpu_layers=n_gpu_layers, tensor_split=split)
+    output_device = devices[model.n_layer]
+
+    def device(where: int | None) -> DeviceEstimate:
+        is_host = where is None
+        layers = [i for i in range(model.n_layer) if devices[i] == where]
+        holds_output = output_device == where
+        weights = sum(model.layer_weight_bytes[i] for i in layers)
+        if holds_output:
+            weights += model.output_weight_bytes if is_host else model.output_gpu_bytes
+        if is_host:
+            weights += model.host_only_weight_bytes
+            overhead = HOST_OVERHEAD_BYTES + envelope.batch_size * model.n_vocab * F32_BYTES
+            overhead += CUDA_HOST_RUNTIME_BYTES if gpus else 0
+        else:
+            overhead = CUDA_CONTEXT_RESERVE_BYTES
+        return DeviceEstimate(
+            weights_bytes=weights,
+            kv_bytes=kv_cache_bytes(model=model, envelope=envelope, layers=layers),
+            compute_bytes=_compute_bytes(
+                model=model,
+                envelope=envelope,
+                n_layers=len(layers),
+                holds_output=holds_output,
+                is_host=is_host,
+            ),
+            overhead_bytes=overhead,
+            n_layers=len(layers),
+            holds_output=holds_output,
+        )
+
+    return MemoryEstimate(
+        n_gpu_layers=n_gpu_layers,
+        host=device(None),
+        gpus=tuple(device(i) for i in range(gpus)),
+    )
+
+
+def format_bytes(n: int) -> str:
+    """``12.3 GiB (13207024435 bytes)``: readable and exact."""
+    return f"{n / GIB:.1f} GiB ({n} bytes)"

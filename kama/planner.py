@@ -1,0 +1,857 @@
+"""The placement planner: where and how one llama-server replica of a model runs.
+
+A ModelDeployment asks for a runtime envelope (context, slots, KV precision, batch
+sizes) and a placement intent (Auto/CPU/GPU, a policy, node selector, tolerations, a
+GPU cap). The planner turns that, the model's GGUF facts and the nodes' allocatable
+resources into one resolved profile (DESIGN §5): which node, how many GPUs, how many
+layers offloaded, the layer split, and the estimated RAM/VRAM against what the node
+has. It also records every candidate it rejected and why, with numbers, so that
+``status`` and a ``FitFailed`` condition can say exactly what did not fit.
+
+The envelope is a promise to the user: the planner never lowers context, slots or KV
+precision to make a model fit. It changes only where the model runs; if nothing
+fits, the answer is FitFailed and no pod is created.
+
+``llama_server_args`` renders a resolved profile as llama-server flags (DESIGN §7).
+
+Pure: no I/O. The memory estimate itself lives in ``kama.memory``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from fractions import Fraction
+from types import MappingProxyType
+from typing import Any, Final, Literal
+
+from kama.memory import (
+    MIB,
+    FlashAttention,
+    KVCacheType,
+    MemoryEstimate,
+    ModelFacts,
+    RuntimeEnvelope,
+    estimate_memory,
+    format_bytes,
+)
+
+__all__ = [
+    "GPU_MEMORY_LABEL",
+    "GPU_PRODUCT_LABEL",
+    "GPU_RESOURCE",
+    "MIN_REPLICA_CPU_MILLICORES",
+    "FlashAttention",
+    "KVCacheType",
+    "ModelFacts",
+    "NodeInventory",
+    "Placement",
+    "PlacementMode",
+    "PlacementPlan",
+    "PlacementPolicy",
+    "Profile",
+    "ProfileMode",
+    "Rejection",
+    "RuntimeEnvelope",
+    "SplitMode",
+    "Taint",
+    "Toleration",
+    "llama_server_args",
+    "node_from_k8s",
+    "parse_bytes",
+    "parse_cpu_millicores",
+    "parse_quantity",
+    "plan_placement",
+]
+
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
+GPU_MEMORY_LABEL: Final = "nvidia.com/gpu.memory"  # MiB, from GPU Feature Discovery
+UNSCHEDULABLE_TAINT_KEY: Final = "node.kubernetes.io/unschedulable"
+
+MIN_REPLICA_CPU_MILLICORES: Final = 1000
+"""CPU a replica needs when ``threads`` is not set; with ``threads`` it is 1000 per thread."""
+
+_EXCLUDING_EFFECTS: Final = frozenset({"NoSchedule", "NoExecute"})
+
+Taint = tuple[str, str, str]
+"""(key, value, effect); an absent value is ""."""
+
+Toleration = tuple[str, str, str, str]
+"""(key, operator, value, effect) as in a Pod spec; "" for an absent field, operator
+"Equal" or "Exists" ("" means Equal); an empty effect matches every effect."""
+
+ResourceName = Literal["memory", "gpu-memory", "gpus", "cpu", "artifact", "node", "mode"]
+
+
+class PlacementMode(StrEnum):
+    AUTO = "Auto"
+    CPU = "CPU"
+    GPU = "GPU"
+
+
+class PlacementPolicy(StrEnum):
+    """How to choose among candidates that fit.
+
+    * Balanced: whole model on the fewest GPUs, best fit (the least VRAM headroom, so the
+      roomiest GPUs stay free for bigger models); else hybrid with the most layers on
+      GPU; else CPU.
+    * Latency: whole model on the fewest GPUs (no hop between GPUs per token), then the
+      most VRAM headroom (GFD gives no speed figures; memory size is the proxy for the
+      bigger GPU); fallbacks as Balanced.
+    * Throughput: whole model spread over up to ``concurrency`` GPUs, as many as fit in
+      that range (llama.cpp's layer split pipelines the micro-batches of concurrent
+      slots across GPUs, and every GPU gains headroom); then fewest GPUs and most
+      headroom. With one slot it chooses like Latency. Fallbacks as Balanced.
+    """
+
+    BALANCED = "Balanced"
+    THROUGHPUT = "Throughput"
+    LATENCY = "Latency"
+
+
+class ProfileMode(StrEnum):
+    CPU = "CPU"
+    GPU = "GPU"
+    HYBRID = "Hybrid"
+
+
+class SplitMode(StrEnum):
+    NONE = "none"
+    LAYER = "layer"
+
+
+# ---------------------------------------------------------------------------
+# Kubernetes quantities and nodes
+
+_QUANTITY_RE = re.compile(
+    r"^(?P<num>[+-]?(?:\d+(?:\.\d*)?|\.\d+))"
+    r"(?:(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)|[eE](?P<exp>[+-]?\d+))?$"
+)
+_SUFFIXES: Final[Mapping[str, Fraction]] = MappingProxyType(
+    {
+        "": Fraction(1),
+        "n": Fraction(1, 10**9),
+        "u": Fraction(1, 10**6),
+        "m": Fraction(1, 10**3),
+        "k": Fraction(10**3),
+        "M": Fraction(10**6),
+        "G": Fraction(10**9),
+        "T": Fraction(10**12),
+        "P": Fraction(10**15),
+        "E": Fraction(10**18),
+        "Ki": Fraction(2**10),
+        "Mi": Fraction(2**20),
+        "Gi": Fraction(2**30),
+        "Ti": Fraction(2**40),
+        "Pi": Fraction(2**50),
+        "Ei": Fraction(2**60),
+    }
+)
+_MAX_EXPONENT: Final = 30
+
+
+def parse_quantity(value: str | int | float) -> Fraction:
+    """The exact value of a Kubernetes quantity such as ``"500m"``, ``"512Gi"``, ``"1e3"``."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a quantity: {value!r}")
+    if isinstance(value, int):
+        return Fraction(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"not a quantity: {value!r}")
+        return Fraction(value)
+    m = _QUANTITY_RE.match(value.strip())
+    if m is None:
+        raise ValueError(f"not a Kubernetes quantity: {value!r}")
+    number = Fraction(m["num"])
+    if m["exp"] is not None:
+        exponent = int(m["exp"])
+        if abs(exponent) > _MAX_EXPONENT:
+            raise ValueError(f"quantity exponent out of range: {value!r}")
+        return number * Fraction(10) ** exponent
+    return number * _SUFFIXES[m["suffix"] or ""]
+
+
+def _non_negative(value: Fraction, *, raw: object) -> Fraction:
+    if value < 0:
+        raise ValueError(f"negative quantity: {raw!r}")
+    return value
+
+
+def parse_cpu_millicores(value: str | int | float) -> int:
+    """CPU quantity in millicores, rounded up as Kubernetes does (``"64"`` → 64000)."""
+    return math.ceil(_non_negative(parse_quantity(value), raw=value) * 1000)
+
+
+def parse_bytes(value: str | int | float) -> int:
+    """Memory quantity in bytes, rounded up (``"81559Mi"`` → 85520809984)."""
+    return math.ceil(_non_negative(parse_quantity(value), raw=value))
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeInventory:
+    """What the planner knows about one node: allocatable resources, GPUs, taints, labels."""
+
+    name: str
+    cpu_millicores: int
+    memory_bytes: int
+    gpu_count: int = 0
+    gpu_product: str | None = None
+    gpu_memory_mib: int | None = None
+    taints: tuple[Taint, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("cpu_millicores", "memory_bytes", "gpu_count"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"NodeInventory.{name} must be >= 0, got {getattr(self, name)}")
+        if self.gpu_memory_mib is not None and self.gpu_memory_mib < 1:
+            raise ValueError(f"NodeInventory.gpu_memory_mib must be >= 1: {self.gpu_memory_mib}")
+        object.__setattr__(self, "taints", tuple(self.taints))
+        object.__setattr__(self, "labels", MappingProxyType(dict(self.labels)))
+
+    @property
+    def gpu_memory_bytes(self) -> int | None:
+        return None if self.gpu_memory_mib is None else self.gpu_memory_mib * MIB
+
+
+def _mapping(value: object, *, what: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{what} should be an object, got {type(value).__name__}")
+    return value
+
+
+def node_from_k8s(node: Mapping[str, Any]) -> NodeInventory:
+    """Build a NodeInventory from a Kubernetes Node object given as a JSON dict.
+
+    Reads ``status.allocatable`` (cpu, memory, ``nvidia.com/gpu``), the GFD labels
+    ``nvidia.com/gpu.product`` and ``nvidia.com/gpu.memory`` (MiB), ``spec.taints`` and
+    ``spec.unschedulable`` (a cordoned node counts as tainted NoSchedule).
+    """
+    metadata = _mapping(node.get("metadata"), what="metadata")
+    spec = _mapping(node.get("spec"), what="spec")
+    status = _mapping(node.get("status"), what="status")
+    name = metadata.get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError("Node has no metadata.name")
+    labels = {str(k): str(v) for k, v in _mapping(metadata.get("labels"), what="labels").items()}
+    allocatable = _mapping(status.get("allocatable"), what="status.allocatable")
+    gpus = parse_quantity(allocatable.get(GPU_RESOURCE, 0))
+    gpu_memory = labels.get(GPU_MEMORY_LABEL)
+    taints: list[Taint] = []
+    for raw in spec.get("taints") or ():
+        taint = _mapping(raw, what="taint")
+        key, effect = taint.get("key"), taint.get("effect")
+        if not isinstance(key, str) or not isinstance(effect, str):
+            raise ValueError(f"Node {name} has a taint without key or effect: {raw!r}")
+        taints.append((key, str(taint.get("value") or ""), effect))
+    if spec.get("unschedulable") and not any(t[0] == UNSCHEDULABLE_TAINT_KEY for t in taints):
+        taints.append((UNSCHEDULABLE_TAINT_KEY, "", "NoSchedule"))
+    return NodeInventory(
+        name=name,
+        cpu_millicores=parse_cpu_millicores(allocatable.get("cpu", 0)),
+        memory_bytes=parse_bytes(allocatable.get("memory", 0)),
+        gpu_count=math.floor(_non_negative(gpus, raw=gpus)),
+        gpu_product=labels.get(GPU_PRODUCT_LABEL),
+        gpu_memory_mib=int(gpu_memory) if gpu_memory and gpu_memory.isdigit() else None,
+        taints=tuple(taints),
+        labels=labels,
+    )
+
+
+# ---------------------------------------------------------------------------
+# Request and result
+
+
+@dataclass(frozen=True, kw_only=True)
+class Placement:
+    """The deployment's placement intent."""
+
+    mode: PlacementMode = PlacementMode.AUTO
+    policy: PlacementPolicy = PlacementPolicy.BALANCED
+    max_gpus_per_replica: int | None = None
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Toleration, ...] = ()
+    allowed_nodes: frozenset[str] | None = None
+    """Nodes that can mount the artifact (e.g. the node of a Direct RWO local PV); None = all."""
+
+    def __post_init__(self) -> None:
+        if self.max_gpus_per_replica is not None and self.max_gpus_per_replica < 1:
+            raise ValueError(
+                f"Placement.max_gpus_per_replica must be >= 1, got {self.max_gpus_per_replica}"
+            )
+        for key, operator, value, _effect in self.tolerations:
+            if operator not in ("", "Equal", "Exists"):
+                raise ValueError(f"toleration {key!r} has unknown operator {operator!r}")
+            if operator == "Exists" and value:
+                raise ValueError(f"toleration {key!r} with operator Exists must have no value")
+            if not key and operator != "Exists":
+                raise ValueError("a toleration with an empty key must use operator Exists")
+        object.__setattr__(self, "tolerations", tuple(self.tolerations))
+        object.__setattr__(self, "node_selector", MappingProxyType(dict(self.node_selector)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rejection:
+    """A candidate (or a whole node, ``mode`` None) that was not chosen, and why.
+
+    ``required`` and ``available`` are in the unit of ``resource``: bytes for memory
+    and gpu-memory (per GPU), a count for gpus, millicores for cpu; None when the
+    reason is not a quantity (a taint, a selector, the artifact's location).
+    """
+
+    node: str
+    mode: ProfileMode | None
+    gpus: int
+    n_gpu_layers: int
+    resource: ResourceName
+    reason: str
+    required: int | None = None
+    available: int | None = None
+
+    @property
+    def candidate(self) -> str:
+        if self.mode is None:
+            return "node"
+        if self.mode is ProfileMode.CPU:
+            return "CPU"
+        return f"{self.mode} on {self.gpus} GPU(s), {self.n_gpu_layers} GPU layers"
+
+    def describe(self) -> str:
+        return f"{self.node} ({self.candidate}): {self.reason}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile:
+    """The resolved placement of one replica. ``envelope`` is the request, unchanged."""
+
+    mode: ProfileMode
+    node: str
+    gpus_per_replica: int
+    gpu_product: str | None
+    n_gpu_layers: int
+    total_layers: int  # n_layer + 1: the repeating layers and the output layer
+    split_mode: SplitMode
+    tensor_split: tuple[int, ...]
+    context_per_slot: int
+    ram_bytes: int
+    ram_available_bytes: int
+    vram_bytes_per_gpu: int
+    vram_available_bytes_per_gpu: int
+    cpu_millicores: int
+    estimate: MemoryEstimate
+    envelope: RuntimeEnvelope
+    decision: Literal["Estimated", "Profiled"] = "Estimated"
+    degraded_reason: str | None = None
+
+    @property
+    def ctx_total(self) -> int:
+        return self.context_per_slot * self.envelope.concurrency
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlacementPlan:
+    """The planner's answer: a profile, or None with ``fit_failed_message``."""
+
+    selected: Profile | None
+    rejected: tuple[Rejection, ...]
+    fit_failed_message: str | None
+    envelope: RuntimeEnvelope
+
+    @property
+    def fit_failed(self) -> bool:
+        return self.selected is None
+
+
+# ---------------------------------------------------------------------------
+# The planner
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Candidate:
+    node: NodeInventory
+    mode: ProfileMode
+    gpus: int
+    n_gpu_layers: int
+    tensor_split: tuple[int, ...]
+    estimate: MemoryEstimate
+
+    @property
+    def vram_headroom(self) -> int:
+        available = self.node.gpu_memory_bytes or 0
+        return min((available - v for v in self.estimate.vram_bytes_by_gpu), default=0)
+
+    @property
+    def ram_headroom(self) -> int:
+        return self.node.memory_bytes - self.estimate.ram_bytes
+
+
+def _tolerates(toleration: Toleration, taint: Taint) -> bool:
+    key, operator, value, effect = toleration
+    taint_key, taint_value, taint_effect = taint
+    if effect and effect != taint_effect:
+        return False
+    if operator == "Exists":
+        return not key or key == taint_key
+    return key == taint_key and value == taint_value
+
+
+def _required_cpu(*, envelope: RuntimeEnvelope) -> int:
+    return 1000 * envelope.threads if envelope.threads else MIN_REPLICA_CPU_MILLICORES
+
+
+def _node_exclusion(
+    *, node: NodeInventory, placement: Placement, envelope: RuntimeEnvelope
+) -> Rejection | None:
+    """Why no candidate at all can run on ``node``, or None."""
+
+    def reject(resource: ResourceName, reason: str, **numbers: int) -> Rejection:
+        return Rejection(
+            node=node.name,
+            mode=None,
+            gpus=0,
+            n_gpu_layers=0,
+            resource=resource,
+            reason=reason,
+            **numbers,
+        )
+
+    if placement.allowed_nodes is not None and node.name not in placement.allowed_nodes:
+        where = ", ".join(sorted(placement.allowed_nodes)) or "no node"
+        return reject("artifact", f"cannot mount the artifact, which is reachable only on {where}")
+    for key, wanted in sorted(placement.node_selector.items()):
+        actual = node.labels.get(key)
+        if actual != wanted:
+            has = "absent" if actual is None else repr(actual)
+            return reject("node", f"node selector {key}={wanted} does not match (label {has})")
+    for taint in node.taints:
+        if taint[2] in _EXCLUDING_EFFECTS and not any(
+            _tolerates(t, taint) for t in placement.tolerations
+        ):
+            key, value, effect = taint
+            shown = f"{key}={value}:{effect}" if value else f"{key}:{effect}"
+            return reject("node", f"untolerated taint {shown}")
+    need_cpu = _required_cpu(envelope=envelope)
+    if need_cpu > node.cpu_millicores:
+        return reject(
+            "cpu",
+            f"needs {need_cpu}m CPU, node has {node.cpu_millicores}m allocatable",
+            required=need_cpu,
+            available=node.cpu_millicores,
+        )
+    return None
+
+
+def _tensor_split(*, node: NodeInventory, gpus: int) -> tuple[int, ...]:
+    """Proportions by GPU memory (all GPUs of a node are alike), reduced: (1, 1, ...)."""
+    if gpus < 2:
+        return ()
+    memory = [node.gpu_memory_mib or 1] * gpus
+    divisor = math.gcd(*memory)
+    return tuple(m // divisor for m in memory)
+
+
+def _memory_rejection(*, candidate: _Candidate) -> Rejection | None:
+    """The first resource ``candidate`` exceeds on its node, or None if it fits."""
+    node, est = candidate.node, candidate.estimate
+    common: dict[str, Any] = {
+        "node": node.name,
+        "mode": candidate.mode,
+        "gpus": candidate.gpus,
+        "n_gpu_layers": candidate.n_gpu_layers,
+    }
+    available_vram = node.gpu_memory_bytes or 0
+    if candidate.gpus and est.vram_bytes_per_gpu > available_vram:
+        return Rejection(
+            **common,
+            resource="gpu-memory",
+            reason=(
+                f"needs {format_bytes(est.vram_bytes_per_gpu)} VRAM per GPU, "
+                f"{node.gpu_product or 'GPU'} has {format_bytes(available_vram)}"
+            ),
+            required=est.vram_bytes_per_gpu,
+            available=available_vram,
+        )
+    if est.ram_bytes > node.memory_bytes:
+        return Rejection(
+            **common,
+            resource="memory",
+            reason=(
+                f"needs {format_bytes(est.ram_bytes)} RAM, node has "
+                f"{format_bytes(node.memory_bytes)} allocatable"
+            ),
+            required=est.ram_bytes,
+            available=node.memory_bytes,
+        )
+    return None
+
+
+def _gpu_candidates(
+    *,
+    node: NodeInventory,
+    model: ModelFacts,
+    envelope: RuntimeEnvelope,
+    placement: Placement,
+    fits: list[_Candidate],
+    rejected: list[Rejection],
+) -> None:
+    """Whole-model candidates on 1..N GPUs of ``node``, and hybrid ones where they fail."""
+    full = model.n_layer + 1
+
+    def reject(resource: ResourceName, reason: str, **numbers: int) -> None:
+        rejected.append(
+            Rejection(
+                node=node.name,
+                mode=ProfileMode.GPU,
+                gpus=0,
+                n_gpu_layers=0,
+                resource=resource,
+                reason=reason,
+                **numbers,
+            )
+        )
+
+    if node.gpu_count == 0:
+        if placement.mode is PlacementMode.GPU:
+            reject("gpus", f"node has no {GPU_RESOURCE} allocatable", required=1, available=0)
+        return
+    if node.gpu_memory_bytes is None:
+        reject("gpu-memory", f"GPU memory unknown: node lacks the {GPU_MEMORY_LABEL} label (GFD)")
+        return
+    cap = placement.max_gpus_per_replica or node.gpu_count
+
+    def candidate(mode: ProfileMode, gpus: int, layers: int) -> _Candidate:
+        split = _tensor_split(node=node, gpus=gpus)
+        estimate = estimate_memory(
+            model=model, envelope=envelope, n_gpu_layers=layers, gpus=gpus, tensor_split=split
+        )
+        return _Candidate(
+            node=node,
+            mode=mode,
+            gpus=gpus,
+            n_gpu_layers=layers,
+            tensor_split=split,
+            estimate=estimate,
+        )
+
+    for gpus in range(1, node.gpu_count + 1):
+        whole = candidate(ProfileMode.GPU, gpus, full)
+        problem = _memory_rejection(candidate=whole)
+        if gpus > cap:
+            if problem is None:  # it would fit, but only above the cap: say so once
+                rejected.append(
+                    Rejection(
+                        node=node.name,
+                        mode=ProfileMode.GPU,
+                        gpus=gpus,
+                        n_gpu_layers=full,
+                        resource="gpus",
+                        reason=f"needs {gpus} GPUs, over maxGPUsPerReplica={cap}",
+                        required=gpus,
+                        available=cap,
+                    )
+                )
+                return
+            continue
+        if problem is None:
+            fits.append(whole)
+            continue
+        rejected.append(problem)
+        if problem.resource != "gpu-memory":
+            continue  # RAM is short already; offloading fewer layers only needs more
+        _hybrid_candidate(
+            gpus=gpus, full=full, make=candidate, fits=fits, rejected=rejected, mode=placement.mode
+        )
+
+
+def _hybrid_candidate(
+    *,
+    gpus: int,
+    full: int,
+    make: Callable[[ProfileMode, int, int], _Candidate],
+    fits: list[_Candidate],
+    rejected: list[Rejection],
+    mode: PlacementMode,
+) -> None:
+    """The hybrid candidate on ``gpus`` GPUs with the most layers whose VRAM fits."""
+    best: _Candidate | None = None
+    last: _Candidate | None = None
+    for layers in range(full - 1, 0, -1):
+        last = make(ProfileMode.HYBRID, gpus, layers)
+        problem = _memory_rejection(candidate=last)
+        if problem is None or problem.resource != "gpu-memory":
+            best = last
+            break
+    if best is None:
+        if last is not None:
+            problem = _memory_rejection(candidate=last)
+            assert problem is not None
+            rejected.append(problem)
+        return
+    problem = _memory_rejection(candidate=best)
+    if problem is not None:
+        rejected.append(problem)
+    elif mode is PlacementMode.GPU:
+        rejected.append(
+            Rejection(
+                node=best.node.name,
+                mode=ProfileMode.HYBRID,
+                gpus=gpus,
+                n_gpu_layers=best.n_gpu_layers,
+                resource="mode",
+                reason=(
+                    f"would fit as hybrid with {best.n_gpu_layers} of {full} layers on GPU, "
+                    "but placement.mode is GPU, which never falls back to hybrid or CPU"
+                ),
+            )
+        )
+    else:
+        fits.append(best)
+
+
+def _cpu_candidate(
+    *,
+    node: NodeInventory,
+    model: ModelFacts,
+    envelope: RuntimeEnvelope,
+    fits: list[_Candidate],
+    rejected: list[Rejection],
+) -> None:
+    cand = _Candidate(
+        node=node,
+        mode=ProfileMode.CPU,
+        gpus=0,
+        n_gpu_layers=0,
+        tensor_split=(),
+        estimate=estimate_memory(model=model, envelope=envelope, n_gpu_layers=0, gpus=0),
+    )
+    problem = _memory_rejection(candidate=cand)
+    if problem is None:
+        fits.append(cand)
+    else:
+        rejected.append(problem)
+
+
+_FAMILY: Final[Mapping[ProfileMode, int]] = MappingProxyType(
+    {ProfileMode.GPU: 0, ProfileMode.HYBRID: 1, ProfileMode.CPU: 2}
+)
+
+
+def _rank(*, candidate: _Candidate, policy: PlacementPolicy, concurrency: int) -> tuple[Any, ...]:
+    """Sort key: smaller is better. Families first: whole GPU, hybrid, CPU."""
+    c = candidate
+    family = _FAMILY[c.mode]
+    if c.mode is ProfileMode.GPU:
+        if policy is PlacementPolicy.BALANCED:
+            return (family, c.gpus, c.vram_headroom, c.node.name)
+        if policy is PlacementPolicy.LATENCY:
+            return (family, c.gpus, -c.vram_headroom, c.node.name)
+        return (family, -min(c.gpus, concurrency), c.gpus, -c.vram_headroom, c.node.name)
+    if c.mode is ProfileMode.HYBRID:
+        return (family, -c.n_gpu_layers, c.gpus, -c.vram_headroom, c.node.name)
+    # CPU: keep GPU nodes for GPU work, then the most RAM headroom.
+    return (family, c.node.gpu_count > 0, -c.ram_headroom, c.node.name)
+
+
+def _closest(rejected: Sequence[Rejection], *, modes: set[ProfileMode]) -> Rejection | None:
+    """The rejection among ``modes`` that missed by the smallest factor."""
+    measured = [
+        r
+        for r in rejected
+        if r.mode in modes and r.required is not None and r.available and r.resource != "gpus"
+    ]
+    return min(
+        measured,
+        key=lambda r: (Fraction(r.required or 0, r.available or 1), r.node),
+        default=None,
+    )
+
+
+def _envelope_summary(*, model: ModelFacts, envelope: RuntimeEnvelope) -> str:
+    ctx = envelope.context_per_slot(model=model)
+    return (
+        f"context {ctx} x {envelope.concurrency} slot(s) (--ctx-size {ctx * envelope.concurrency}),"
+        f" KV {envelope.kv_key_type}/{envelope.kv_value_type}"
+    )
+
+
+def _fit_failed_message(
+    *,
+    model: ModelFacts,
+    envelope: RuntimeEnvelope,
+    placement: Placement,
+    nodes: Sequence[NodeInventory],
+    rejected: Sequence[Rejection],
+) -> str:
+    what = (
+        f"no node fits the model ({model.file_type or 'unknown type'}, {model.n_layer} layers, "
+        f"{format_bytes(model.total_weight_bytes)} of weights) with "
+        f"{_envelope_summary(model=model, envelope=envelope)}; placement.mode {placement.mode}"
+    )
+    if not nodes:
+        return f"{what}: there are no nodes"
+    parts = [what]
+    closest = [
+        r
+        for r in (
+            _closest(rejected, modes={ProfileMode.GPU}),
+            _closest(rejected, modes={ProfileMode.HYBRID}),
+            _closest(rejected, modes={ProfileMode.CPU}),
+        )
+        if r is not None
+    ]
+    if closest:
+        parts.append("closest: " + "; ".join(r.describe() for r in closest))
+    excluded = [r for r in rejected if r.mode is None or r.required is None]
+    if excluded:
+        parts.append("excluded: " + "; ".join(r.describe() for r in excluded[:5]))
+    if placement.mode is PlacementMode.GPU:
+        parts.append("placement.mode GPU never falls back to hybrid or CPU")
+    parts.append(f"{len(rejected)} candidate(s) rejected in all")
+    return ". ".join(parts)
+
+
+def _degraded_reason(
+    *, chosen: _Candidate, placement: Placement, rejected: Sequence[Rejection], full: int
+) -> str | None:
+    if chosen.mode is ProfileMode.GPU or placement.mode is PlacementMode.CPU:
+        return None
+    closest = _closest(rejected, modes={ProfileMode.GPU})
+    why = f"closest whole-GPU candidate: {closest.describe()}" if closest else "no GPU node fits"
+    if chosen.mode is ProfileMode.HYBRID:
+        return (
+            f"hybrid: {chosen.n_gpu_layers} of {full} layers on {chosen.gpus} GPU(s), the rest "
+            f"on CPU, because no whole-model GPU placement fits ({why})"
+        )
+    why = f"closest GPU candidate: {closest.describe()}" if closest else "no GPU node is available"
+    hybrid = _closest(rejected, modes={ProfileMode.HYBRID})
+    if hybrid is not None:
+        why += f"; closest hybrid: {hybrid.describe()}"
+    return f"CPU only, because no GPU or hybrid placement fits ({why})"
+
+
+def plan_placement(
+    *,
+    model: ModelFacts,
+    envelope: RuntimeEnvelope,
+    placement: Placement,
+    nodes: Sequence[NodeInventory],
+) -> PlacementPlan:
+    """Choose where one replica runs, or say with numbers why nothing fits.
+
+    Candidates per eligible node, in DESIGN order: the whole model on 1..N GPUs (layer
+    split, tensor split by GPU memory), hybrid on the GPU counts where the whole model
+    did not fit (the most layers that fit), CPU only. ``placement.mode`` CPU evaluates
+    only CPU; GPU only whole-model GPU (a hybrid that would fit is rejected for the
+    mode). The envelope is never changed.
+    """
+    rejected: list[Rejection] = []
+    fits: list[_Candidate] = []
+    for node in sorted(nodes, key=lambda n: n.name):
+        exclusion = _node_exclusion(node=node, placement=placement, envelope=envelope)
+        if exclusion is not None:
+            rejected.append(exclusion)
+            continue
+        if placement.mode is not PlacementMode.CPU:
+            _gpu_candidates(
+                node=node,
+                model=model,
+                envelope=envelope,
+                placement=placement,
+                fits=fits,
+                rejected=rejected,
+            )
+        if placement.mode is not PlacementMode.GPU:
+            _cpu_candidate(node=node, model=model, envelope=envelope, fits=fits, rejected=rejected)
+    if not fits:
+        message = _fit_failed_message(
+            model=model, envelope=envelope, placement=placement, nodes=nodes, rejected=rejected
+        )
+        return PlacementPlan(
+            selected=None, rejected=tuple(rejected), fit_failed_message=message, envelope=envelope
+        )
+    chosen = min(
+        fits,
+        key=lambda c: _rank(candidate=c, policy=placement.policy, concurrency=envelope.concurrency),
+    )
+    full = model.n_layer + 1
+    profile = Profile(
+        mode=chosen.mode,
+        node=chosen.node.name,
+        gpus_per_replica=chosen.gpus,
+        gpu_product=chosen.node.gpu_product if chosen.gpus else None,
+        n_gpu_layers=chosen.n_gpu_layers,
+        total_layers=full,
+        split_mode=SplitMode.LAYER if chosen.gpus > 1 else SplitMode.NONE,
+        tensor_split=chosen.tensor_split,
+        context_per_slot=envelope.context_per_slot(model=model),
+        ram_bytes=chosen.estimate.ram_bytes,
+        ram_available_bytes=chosen.node.memory_bytes,
+        vram_bytes_per_gpu=chosen.estimate.vram_bytes_per_gpu,
+        vram_available_bytes_per_gpu=(chosen.node.gpu_memory_bytes or 0) if chosen.gpus else 0,
+        cpu_millicores=_required_cpu(envelope=envelope),
+        estimate=chosen.estimate,
+        envelope=envelope,
+        degraded_reason=_degraded_reason(
+            chosen=chosen, placement=placement, rejected=rejected, full=full
+        ),
+    )
+    return PlacementPlan(
+        selected=profile, rejected=tuple(rejected), fit_failed_message=None, envelope=envelope
+    )
+
+
+# ---------------------------------------------------------------------------
+# llama-server flags
+
+_FLASH_ATTN_FLAG: Final[Mapping[FlashAttention, str]] = MappingProxyType(
+    {FlashAttention.AUTO: "auto", FlashAttention.ON: "on", FlashAttention.OFF: "off"}
+)
+
+
+def llama_server_args(
+    profile: Profile, envelope: RuntimeEnvelope, *, model_path: str, host: str, port: int
+) -> list[str]:
+    """llama-server's command-line flags for ``profile`` (DESIGN §7), program name excluded.
+
+    Every flag is checked against the pinned llama.cpp's ``common/arg.cpp``:
+    ``--no-kv-unified`` gives each slot exactly ``context_size`` cells, ``--fit off``
+    stops llama.cpp from adjusting unset parameters (context included) to free device
+    memory, ``--no-context-shift`` makes a request that outgrows its context fail
+    instead of silently dropping tokens, and ``--n-gpu-layers`` is always explicit (its
+    default is "auto").
+    """
+    if envelope != profile.envelope:
+        raise ValueError("the envelope differs from the one the profile was planned for")
+    if not 0 < port < 65536:
+        raise ValueError(f"port out of range: {port}")
+    args = [
+        "--model", model_path,
+        "--host", host,
+        "--port", str(port),
+        "--ctx-size", str(profile.ctx_total),
+        "--parallel", str(envelope.concurrency),
+        "--no-kv-unified",
+        "--cache-type-k", str(envelope.kv_key_type),
+        "--cache-type-v", str(envelope.kv_value_type),
+        "--n-gpu-layers", str(profile.n_gpu_layers),
+    ]  # fmt: skip
+    if profile.gpus_per_replica:
+        args += ["--split-mode", str(profile.split_mode)]
+    if profile.tensor_split:
+        args += ["--tensor-split", ",".join(str(p) for p in profile.tensor_split)]
+    args += [
+        "--batch-size", str(envelope.batch_size),
+        "--ubatch-size", str(envelope.micro_batch_size),
+        "--flash-attn", _FLASH_ATTN_FLAG[envelope.flash_attention],
+    ]  # fmt: skip
+    if envelope.threads is not None:
+        args += ["--threads", str(envelope.threads)]
+    args += ["--metrics", "--slots", "--no-context-shift", "--fit", "off"]
+    return args
