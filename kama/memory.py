@@ -168,7 +168,7 @@ def _row_bytes(*, kv_type: KVCacheType, n_elements: int) -> int:
     return -(-n_elements // per_block) * block_bytes
 
 
-def _require_positive(owner: str, **values: int | None) -> None:
+def _require_positive(*, owner: str, values: Mapping[str, int | None]) -> None:
     for name, value in values.items():
         if value is not None and value < 1:
             raise ValueError(f"{owner}.{name} must be >= 1, got {value}")
@@ -194,16 +194,18 @@ class ModelFacts:
 
     def __post_init__(self) -> None:
         _require_positive(
-            "ModelFacts",
-            n_layer=self.n_layer,
-            n_embd=self.n_embd,
-            n_head=self.n_head,
-            n_head_kv=self.n_head_kv,
-            head_dim_k=self.head_dim_k,
-            head_dim_v=self.head_dim_v,
-            n_ctx_train=self.n_ctx_train,
-            n_vocab=self.n_vocab,
-            n_ff=self.n_ff,
+            owner="ModelFacts",
+            values={
+                "n_layer": self.n_layer,
+                "n_embd": self.n_embd,
+                "n_head": self.n_head,
+                "n_head_kv": self.n_head_kv,
+                "head_dim_k": self.head_dim_k,
+                "head_dim_v": self.head_dim_v,
+                "n_ctx_train": self.n_ctx_train,
+                "n_vocab": self.n_vocab,
+                "n_ff": self.n_ff,
+            },
         )
         if self.n_head_kv_per_layer is not None and len(self.n_head_kv_per_layer) != self.n_layer:
             raise ValueError(
@@ -307,12 +309,14 @@ class RuntimeEnvelope:
 
     def __post_init__(self) -> None:
         _require_positive(
-            "RuntimeEnvelope",
-            context_size=self.context_size,
-            concurrency=self.concurrency,
-            batch_size=self.batch_size,
-            micro_batch_size=self.micro_batch_size,
-            threads=self.threads,
+            owner="RuntimeEnvelope",
+            values={
+                "context_size": self.context_size,
+                "concurrency": self.concurrency,
+                "batch_size": self.batch_size,
+                "micro_batch_size": self.micro_batch_size,
+                "threads": self.threads,
+            },
         )
         if self.context_size is None and self.concurrency != 1:
             raise ValueError(

@@ -176,7 +176,7 @@ def parse_quantity(value: str | int | float) -> Fraction:
     return number * _SUFFIXES[m["suffix"] or ""]
 
 
-def _non_negative(value: Fraction, *, raw: object) -> Fraction:
+def _non_negative(*, value: Fraction, raw: object) -> Fraction:
     if value < 0:
         raise ValueError(f"negative quantity: {raw!r}")
     return value
@@ -184,12 +184,12 @@ def _non_negative(value: Fraction, *, raw: object) -> Fraction:
 
 def parse_cpu_millicores(value: str | int | float) -> int:
     """CPU quantity in millicores, rounded up as Kubernetes does (``"64"`` → 64000)."""
-    return math.ceil(_non_negative(parse_quantity(value), raw=value) * 1000)
+    return math.ceil(_non_negative(value=parse_quantity(value), raw=value) * 1000)
 
 
 def parse_bytes(value: str | int | float) -> int:
     """Memory quantity in bytes, rounded up (``"81559Mi"`` → 85520809984)."""
-    return math.ceil(_non_negative(parse_quantity(value), raw=value))
+    return math.ceil(_non_negative(value=parse_quantity(value), raw=value))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -219,7 +219,7 @@ class NodeInventory:
         return None if self.gpu_memory_mib is None else self.gpu_memory_mib * MIB
 
 
-def _mapping(value: object, *, what: str) -> Mapping[str, Any]:
+def _mapping(*, value: object, what: str) -> Mapping[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
@@ -234,19 +234,21 @@ def node_from_k8s(node: Mapping[str, Any]) -> NodeInventory:
     ``nvidia.com/gpu.product`` and ``nvidia.com/gpu.memory`` (MiB), ``spec.taints`` and
     ``spec.unschedulable`` (a cordoned node counts as tainted NoSchedule).
     """
-    metadata = _mapping(node.get("metadata"), what="metadata")
-    spec = _mapping(node.get("spec"), what="spec")
-    status = _mapping(node.get("status"), what="status")
+    metadata = _mapping(value=node.get("metadata"), what="metadata")
+    spec = _mapping(value=node.get("spec"), what="spec")
+    status = _mapping(value=node.get("status"), what="status")
     name = metadata.get("name")
     if not isinstance(name, str) or not name:
         raise ValueError("Node has no metadata.name")
-    labels = {str(k): str(v) for k, v in _mapping(metadata.get("labels"), what="labels").items()}
-    allocatable = _mapping(status.get("allocatable"), what="status.allocatable")
+    labels = {
+        str(k): str(v) for k, v in _mapping(value=metadata.get("labels"), what="labels").items()
+    }
+    allocatable = _mapping(value=status.get("allocatable"), what="status.allocatable")
     gpus = parse_quantity(allocatable.get(GPU_RESOURCE, 0))
     gpu_memory = labels.get(GPU_MEMORY_LABEL)
     taints: list[Taint] = []
     for raw in spec.get("taints") or ():
-        taint = _mapping(raw, what="taint")
+        taint = _mapping(value=raw, what="taint")
         key, effect = taint.get("key"), taint.get("effect")
         if not isinstance(key, str) or not isinstance(effect, str):
             raise ValueError(f"Node {name} has a taint without key or effect: {raw!r}")
@@ -257,7 +259,7 @@ def node_from_k8s(node: Mapping[str, Any]) -> NodeInventory:
         name=name,
         cpu_millicores=parse_cpu_millicores(allocatable.get("cpu", 0)),
         memory_bytes=parse_bytes(allocatable.get("memory", 0)),
-        gpu_count=math.floor(_non_negative(gpus, raw=gpus)),
+        gpu_count=math.floor(_non_negative(value=gpus, raw=gpus)),
         gpu_product=labels.get(GPU_PRODUCT_LABEL),
         gpu_memory_mib=int(gpu_memory) if gpu_memory and gpu_memory.isdigit() else None,
         taints=tuple(taints),
@@ -321,6 +323,8 @@ class Rejection:
             return "node"
         if self.mode is ProfileMode.CPU:
             return "CPU"
+        if self.gpus == 0:
+            return str(self.mode)
         return f"{self.mode} on {self.gpus} GPU(s), {self.n_gpu_layers} GPU layers"
 
     def describe(self) -> str:
@@ -392,7 +396,7 @@ class _Candidate:
         return self.node.memory_bytes - self.estimate.ram_bytes
 
 
-def _tolerates(toleration: Toleration, taint: Taint) -> bool:
+def _tolerates(*, toleration: Toleration, taint: Taint) -> bool:
     key, operator, value, effect = toleration
     taint_key, taint_value, taint_effect = taint
     if effect and effect != taint_effect:
@@ -432,7 +436,7 @@ def _node_exclusion(
             return reject("node", f"node selector {key}={wanted} does not match (label {has})")
     for taint in node.taints:
         if taint[2] in _EXCLUDING_EFFECTS and not any(
-            _tolerates(t, taint) for t in placement.tolerations
+            _tolerates(toleration=t, taint=taint) for t in placement.tolerations
         ):
             key, value, effect = taint
             shown = f"{key}={value}:{effect}" if value else f"{key}:{effect}"
@@ -659,7 +663,7 @@ def _rank(*, candidate: _Candidate, policy: PlacementPolicy, concurrency: int) -
     return (family, c.node.gpu_count > 0, -c.ram_headroom, c.node.name)
 
 
-def _closest(rejected: Sequence[Rejection], *, modes: set[ProfileMode]) -> Rejection | None:
+def _closest(*, rejected: Sequence[Rejection], modes: set[ProfileMode]) -> Rejection | None:
     """The rejection among ``modes`` that missed by the smallest factor."""
     measured = [
         r
@@ -700,17 +704,21 @@ def _fit_failed_message(
     closest = [
         r
         for r in (
-            _closest(rejected, modes={ProfileMode.GPU}),
-            _closest(rejected, modes={ProfileMode.HYBRID}),
-            _closest(rejected, modes={ProfileMode.CPU}),
+            _closest(rejected=rejected, modes={ProfileMode.GPU}),
+            _closest(rejected=rejected, modes={ProfileMode.HYBRID}),
+            _closest(rejected=rejected, modes={ProfileMode.CPU}),
         )
         if r is not None
     ]
     if closest:
         parts.append("closest: " + "; ".join(r.describe() for r in closest))
-    excluded = [r for r in rejected if r.mode is None or r.required is None]
-    if excluded:
-        parts.append("excluded: " + "; ".join(r.describe() for r in excluded[:5]))
+    other = [
+        r
+        for r in rejected
+        if r not in closest and (r.required is None or r.resource in ("gpus", "cpu"))
+    ]
+    if other:
+        parts.append("other reasons: " + "; ".join(r.describe() for r in other[:5]))
     if placement.mode is PlacementMode.GPU:
         parts.append("placement.mode GPU never falls back to hybrid or CPU")
     parts.append(f"{len(rejected)} candidate(s) rejected in all")
@@ -722,15 +730,19 @@ def _degraded_reason(
 ) -> str | None:
     if chosen.mode is ProfileMode.GPU or placement.mode is PlacementMode.CPU:
         return None
-    closest = _closest(rejected, modes={ProfileMode.GPU})
-    why = f"closest whole-GPU candidate: {closest.describe()}" if closest else "no GPU node fits"
+    closest = _closest(rejected=rejected, modes={ProfileMode.GPU})
     if chosen.mode is ProfileMode.HYBRID:
+        why = f"closest whole-GPU candidate: {closest.describe()}" if closest else "none fits"
         return (
             f"hybrid: {chosen.n_gpu_layers} of {full} layers on {chosen.gpus} GPU(s), the rest "
             f"on CPU, because no whole-model GPU placement fits ({why})"
         )
-    why = f"closest GPU candidate: {closest.describe()}" if closest else "no GPU node is available"
-    hybrid = _closest(rejected, modes={ProfileMode.HYBRID})
+    if closest is not None:
+        why = f"closest GPU candidate: {closest.describe()}"
+    else:
+        unmeasured = [r.describe() for r in rejected if r.required is None][:3]
+        why = "no usable GPU node" + (f"; {'; '.join(unmeasured)}" if unmeasured else "")
+    hybrid = _closest(rejected=rejected, modes={ProfileMode.HYBRID})
     if hybrid is not None:
         why += f"; closest hybrid: {hybrid.describe()}"
     return f"CPU only, because no GPU or hybrid placement fits ({why})"

@@ -56,14 +56,14 @@ def namespace(stack: LocalStack) -> Iterator[str]:
 def crds(stack: LocalStack) -> LocalStack:
     """Kama's generated CRDs, installed and served."""
     kubectl(stack, "apply", "-f", str(REPO_ROOT / "deploy" / "crds"))
-    for plural in ("modelartifacts", "modelcaches"):
+    for plural in ("modelartifacts", "modelcaches", "modeldeployments"):
         kubectl(
             stack, "wait", "--for=condition=Established", f"crd/{plural}.kama.dev", "--timeout=60s"
         )
     eventually(
-        lambda: kubectl(stack, "get", "ma,mc", "-A", check=False).returncode == 0,
+        lambda: kubectl(stack, "get", "ma,mc,md", "-A", check=False).returncode == 0,
         timeout=30,
-        what="modelartifacts and modelcaches in discovery",
+        what="Kama's resources in discovery",
     )
     return stack
 

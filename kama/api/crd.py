@@ -40,6 +40,13 @@ from kama.api.cache import (
     MODELCACHE_SINGULAR,
     ModelCache,
 )
+from kama.api.deployment import (
+    MODELDEPLOYMENT_KIND,
+    MODELDEPLOYMENT_PLURAL,
+    MODELDEPLOYMENT_SHORT_NAME,
+    MODELDEPLOYMENT_SINGULAR,
+    ModelDeployment,
+)
 from kama.api.meta import GROUP, VERSION, CelRule
 
 __all__ = [
@@ -322,8 +329,17 @@ def crd_manifest(
     categories: Sequence[str] = CATEGORIES,
     group: str = GROUP,
     version: str = VERSION,
+    scale: bool = False,
 ) -> dict[str, Any]:
-    """A namespaced, single-version CustomResourceDefinition with the status subresource."""
+    """A namespaced, single-version CustomResourceDefinition with the status subresource
+    (and `/scale` over spec.replicas / status.replicas / status.selector when asked)."""
+    subresources: dict[str, Any] = {"status": {}}
+    if scale:
+        subresources["scale"] = {
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.selector",
+        }
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -347,7 +363,7 @@ def crd_manifest(
                     "name": version,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    "subresources": subresources,
                     "additionalPrinterColumns": [c.to_manifest() for c in printer_columns],
                     "schema": {
                         "openAPIV3Schema": openapi_schema(model, spec_validations=spec_validations)
@@ -359,7 +375,7 @@ def crd_manifest(
 
 
 def all_crds() -> list[dict[str, Any]]:
-    """Every CRD Kama's artifact plane defines."""
+    """Every CRD Kama defines."""
     return [
         crd_manifest(
             ModelArtifact,
@@ -415,6 +431,47 @@ def all_crds() -> list[dict[str, Any]]:
                     type="integer",
                     json_path=".status.freeBytes",
                     description="Free bytes, as last reported by an importer.",
+                ),
+                _AGE_COLUMN,
+            ],
+        ),
+        crd_manifest(
+            ModelDeployment,
+            kind=MODELDEPLOYMENT_KIND,
+            plural=MODELDEPLOYMENT_PLURAL,
+            singular=MODELDEPLOYMENT_SINGULAR,
+            short_names=[MODELDEPLOYMENT_SHORT_NAME],
+            scale=True,
+            printer_columns=[
+                PrinterColumn(
+                    name="Model",
+                    type="string",
+                    json_path=".spec.modelRef.name",
+                    description="The ModelArtifact served.",
+                ),
+                PrinterColumn(
+                    name="Mode",
+                    type="string",
+                    json_path=".status.profile.mode",
+                    description="CPU, GPU or Hybrid, as placed.",
+                ),
+                PrinterColumn(
+                    name="Ready",
+                    type="integer",
+                    json_path=".status.readyReplicas",
+                    description="Ready replicas.",
+                ),
+                PrinterColumn(
+                    name="Desired",
+                    type="integer",
+                    json_path=".spec.replicas",
+                    description="Desired replicas.",
+                ),
+                PrinterColumn(
+                    name="Reason",
+                    type="string",
+                    json_path='.status.conditions[?(@.type=="Serving")].reason',
+                    description="Why the deployment is (not) serving.",
                 ),
                 _AGE_COLUMN,
             ],

@@ -486,3 +486,57 @@ def test_cache_reports_storage_and_deletes_only_its_own_claim(
         get_json(control.stack, "pvc", "precious", "-n", namespace)["metadata"]["name"]
         == "precious"
     )
+
+
+def test_artifact_deletion_waits_for_deployments_and_keeps_bytes(
+    kama_control: KamaControl, namespace: str, tmp_path: Path
+) -> None:
+    control = kama_control
+    repo, model, _ = publish_model(control, tmp_path, seed=41)
+    apply(
+        control.stack,
+        cache(namespace),
+        hf_artifact(namespace, "served", repo, ["tiny.gguf"]),
+        {
+            "apiVersion": "kama.dev/v1alpha1",
+            "kind": "ModelDeployment",
+            "metadata": {"name": "chat", "namespace": namespace},
+            "spec": {"modelRef": {"name": "served"}},
+        },
+    )
+    status = wait_condition(control, namespace, "served", "Ready")["status"]
+    published = cache_dir(control, namespace) / status["servingLocation"]["subPath"]
+    kubectl(control.stack, "delete", "modelartifact", "served", "-n", namespace, "--wait=false")
+    eventually(
+        lambda: (
+            "ModelDeployment(s) chat"
+            in kubectl(
+                control.stack,
+                "get",
+                "events",
+                "-n",
+                namespace,
+                "--field-selector",
+                "involvedObject.name=served",
+            ).stdout
+        ),
+        timeout=60,
+        what="the deletion to be held by the deployment",
+    )
+    assert get_json(control.stack, "modelartifact", "served", "-n", namespace)["metadata"][
+        "deletionTimestamp"
+    ]
+    kubectl(control.stack, "delete", "modeldeployment", "chat", "-n", namespace)
+    eventually(
+        lambda: (
+            kubectl(
+                control.stack, "get", "modelartifact", "served", "-n", namespace, check=False
+            ).returncode
+            != 0
+        ),
+        timeout=90,
+        what="the artifact to be deleted once unreferenced",
+    )
+    assert (published / "READY").exists() and (
+        published / "tiny.gguf"
+    ).stat().st_size == model.stat().st_size

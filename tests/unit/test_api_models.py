@@ -44,6 +44,7 @@ from kama.api.artifact import (
     REVISION_RULES,
 )
 from kama.api.cache import DELETE_NEEDS_TEMPLATE_RULE, ONE_STORAGE_RULE
+from kama.api.deployment import ModelDeployment
 from kama.gguf import GGUFFacts
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "examples"
@@ -400,8 +401,13 @@ def test_examples_parse_into_the_models() -> None:
         "modelartifact-huggingface.yaml",
         "modelartifact-pvc-copy.yaml",
         "modelartifact-pvc-direct.yaml",
+        "modeldeployment.yaml",
     }
-    kinds: dict[str, type[BaseModel]] = {"ModelArtifact": ModelArtifact, "ModelCache": ModelCache}
+    kinds: dict[str, type[BaseModel]] = {
+        "ModelArtifact": ModelArtifact,
+        "ModelCache": ModelCache,
+        "ModelDeployment": ModelDeployment,
+    }
     for name, doc in docs:
         assert "namespace" not in doc["metadata"], name
         parsed = kinds[doc["kind"]].model_validate(doc)

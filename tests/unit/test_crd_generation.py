@@ -58,7 +58,11 @@ KINDS = ["ModelArtifact", "ModelCache"]
 def test_checked_in_yaml_matches_the_models() -> None:
     crds = all_crds()
     expected = {crd_file_name(c): render_yaml(c) for c in crds}
-    assert set(expected) == {"kama.dev_modelartifacts.yaml", "kama.dev_modelcaches.yaml"}
+    assert set(expected) == {
+        "kama.dev_modelartifacts.yaml",
+        "kama.dev_modelcaches.yaml",
+        "kama.dev_modeldeployments.yaml",
+    }
     on_disk = {p.name for p in CRD_DIR.glob("*.yaml")}
     assert on_disk >= set(expected), f"missing files in deploy/crds: {REGENERATE}"
     for name, text in expected.items():
@@ -81,6 +85,7 @@ def test_cli_writes_and_checks(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "kama.dev_modelartifacts.yaml",
         "kama.dev_modelcaches.yaml",
+        "kama.dev_modeldeployments.yaml",
     ]
     assert main([str(tmp_path), "--check"]) == 0
     (tmp_path / "kama.dev_modelcaches.yaml").write_text("# edited\n")

@@ -1,0 +1,234 @@
+"""The ModelDeployment resource: serving intent for one ready ModelArtifact.
+
+Users say how a model should be served (context per request, concurrency, KV cache
+precision, placement preferences, scaling bounds); Kama decides the hardware shape
+and runs the pods. There is deliberately no way to pass raw llama-server arguments,
+environment, image, ports, probes or commands: the schema is closed, so such keys
+are rejected at any level by `kubectl apply`. `spec.replicas` is served through
+the `/scale` subresource for `kubectl scale` and KEDA.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Final, Literal
+
+from pydantic import ConfigDict, Field
+
+from kama.api.cache import QUANTITY_PATTERN
+from kama.api.meta import (
+    CelRule,
+    Condition,
+    KamaModel,
+    LocalObjectReference,
+    ObjectMeta,
+    SpecModel,
+    cel,
+)
+from kama.memory import FlashAttention, KVCacheType
+from kama.planner import PlacementMode, PlacementPolicy
+
+MODELDEPLOYMENT_KIND: Final = "ModelDeployment"
+MODELDEPLOYMENT_PLURAL: Final = "modeldeployments"
+MODELDEPLOYMENT_SINGULAR: Final = "modeldeployment"
+MODELDEPLOYMENT_SHORT_NAME: Final = "md"
+
+DURATION_PATTERN: Final = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
+ALIAS_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,62}$"
+LABEL_KEY_PATTERN: Final = (
+    r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+MAX_CONTEXT: Final = 1 << 22
+
+
+class TolerationOperator(StrEnum):
+    EXISTS = "Exists"
+    EQUAL = "Equal"
+
+
+class TaintEffect(StrEnum):
+    NO_SCHEDULE = "NoSchedule"
+    PREFER_NO_SCHEDULE = "PreferNoSchedule"
+    NO_EXECUTE = "NoExecute"
+
+
+class Toleration(SpecModel):
+    """A toleration copied onto serving pods (the Kubernetes shape)."""
+
+    key: str | None = Field(default=None, max_length=317, pattern=LABEL_KEY_PATTERN)
+    operator: TolerationOperator = TolerationOperator.EQUAL
+    value: str | None = Field(default=None, max_length=63)
+    effect: TaintEffect | None = None
+    toleration_seconds: int | None = Field(default=None, ge=0)
+
+
+class Placement(SpecModel):
+    """Where replicas may run; Kama picks the shape and says why."""
+
+    mode: PlacementMode = PlacementMode.AUTO
+    """Auto tries full GPU, then hybrid, then CPU; CPU and GPU force the family."""
+    policy: PlacementPolicy = PlacementPolicy.BALANCED
+    max_gpus_per_replica: int | None = Field(default=None, ge=1, le=16, alias="maxGPUsPerReplica")
+    node_selector: dict[str, Annotated[str, Field(max_length=63)]] = Field(
+        default_factory=dict, max_length=32
+    )
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
+
+
+class KVCache(SpecModel):
+    key_type: KVCacheType = KVCacheType.F16
+    value_type: KVCacheType = KVCacheType.F16
+
+
+class ExpertKnobs(SpecModel):
+    """A short, typed allow-list of llama-server settings for experts."""
+
+    mlock: bool = False
+    """Lock the model in RAM (--mlock)."""
+    no_mmap: bool = False
+    """Read the model into memory instead of mapping it (--no-mmap)."""
+    cache_reuse: int | None = Field(default=None, ge=0, le=4096)
+    """Minimum chunk size to reuse from the prompt cache (--cache-reuse)."""
+
+
+QUANTIZED_V_NEEDS_FLASH_ATTENTION: Final = CelRule(
+    rule="!has(self.kvCache) || !self.kvCache.valueType.startsWith('q') && !self.kvCache.valueType.startsWith('iq') || self.flashAttention != 'Off'",
+    message="spec.runtime.kvCache.valueType: a quantized V cache needs flashAttention Auto or On",
+    field_path=".kvCache.valueType",
+)
+UBATCH_NOT_ABOVE_BATCH: Final = CelRule(
+    rule="!has(self.batchSize) || !has(self.microBatchSize) || self.microBatchSize <= self.batchSize",
+    message="spec.runtime.microBatchSize must not exceed spec.runtime.batchSize",
+    field_path=".microBatchSize",
+)
+
+
+class Runtime(SpecModel):
+    """How llama-server serves the model. Kama never lowers these to make it fit."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(QUANTIZED_V_NEEDS_FLASH_ATTENTION, UBATCH_NOT_ABOVE_BATCH)
+    )
+
+    context_size: int | None = Field(default=None, ge=128, le=MAX_CONTEXT)
+    """Tokens of context per request; omitted = the model's native context (and concurrency 1)."""
+    concurrency: int = Field(default=1, ge=1, le=256)
+    """Requests served at once (llama-server slots); total KV = contextSize * concurrency."""
+    kv_cache: KVCache = Field(default_factory=KVCache)
+    batch_size: int | None = Field(default=None, ge=1, le=65536)
+    micro_batch_size: int | None = Field(default=None, ge=1, le=65536)
+    flash_attention: FlashAttention = FlashAttention.AUTO
+    threads: int | None = Field(default=None, ge=1, le=1024)
+    expert: ExpertKnobs = Field(default_factory=ExpertKnobs)
+
+
+class Resources(SpecModel):
+    """CPU/memory for each replica; GPU resources are Kama's to decide."""
+
+    cpu: str | None = Field(default=None, max_length=32, pattern=QUANTITY_PATTERN)
+    memory: str | None = Field(default=None, max_length=32, pattern=QUANTITY_PATTERN)
+    memory_limit: str | None = Field(default=None, max_length=32, pattern=QUANTITY_PATTERN)
+
+
+MIN_NOT_ABOVE_MAX: Final = CelRule(
+    rule="self.minReplicas <= self.maxReplicas",
+    message="spec.scaling.minReplicas must not exceed spec.scaling.maxReplicas",
+    field_path=".minReplicas",
+)
+
+
+class Scaling(SpecModel):
+    model_config = ConfigDict(json_schema_extra=cel(MIN_NOT_ABOVE_MAX))
+
+    min_replicas: int = Field(default=0, ge=0, le=1000)
+    max_replicas: int = Field(default=1, ge=1, le=1000)
+    idle_timeout: str = Field(default="10m", max_length=32, pattern=DURATION_PATTERN)
+    cold_start_timeout: str = Field(default="10m", max_length=32, pattern=DURATION_PATTERN)
+    max_queued_requests: int = Field(default=100, ge=0, le=100000)
+    drain_timeout: str = Field(default="2m", max_length=32, pattern=DURATION_PATTERN)
+
+
+class ModelDeploymentSpec(SpecModel):
+    model_ref: LocalObjectReference
+    """The ModelArtifact (same namespace) to serve."""
+    aliases: list[Annotated[str, Field(max_length=63, pattern=ALIAS_PATTERN)]] = Field(
+        default_factory=list, max_length=16
+    )
+    """Extra names the gateway accepts for this model."""
+    replicas: int = Field(default=0, ge=0, le=1000)
+    """Desired replicas now; written by `kubectl scale`, KEDA and Kama's wake/idle logic."""
+    placement: Placement = Field(default_factory=Placement)
+    runtime: Runtime = Field(default_factory=Runtime)
+    resources: Resources = Field(default_factory=Resources)
+    scaling: Scaling = Field(default_factory=Scaling)
+
+
+class RejectedCandidate(KamaModel):
+    candidate: str = Field(max_length=256)
+    node: str | None = Field(default=None, max_length=253)
+    reason: str = Field(max_length=1024)
+    required_bytes: int | None = Field(default=None, ge=0)
+    available_bytes: int | None = Field(default=None, ge=0)
+
+
+class ResolvedProfile(KamaModel):
+    mode: Literal["CPU", "GPU", "Hybrid"]
+    node: str | None = Field(default=None, max_length=253)
+    gpus_per_replica: int = Field(default=0, ge=0)
+    gpu_layers: int = Field(default=0, ge=0)
+    split_mode: str | None = Field(default=None, max_length=16)
+    tensor_split: list[float] = Field(default_factory=list, max_length=16)
+    estimated_ram_bytes: int = Field(default=0, ge=0)
+    estimated_vram_bytes_per_gpu: int = Field(default=0, ge=0)
+    available_ram_bytes: int | None = Field(default=None, ge=0)
+    available_vram_bytes_per_gpu: int | None = Field(default=None, ge=0)
+    decision: Literal["Estimated", "Profiled"] = "Estimated"
+
+
+class ModelDeploymentStatus(KamaModel):
+    observed_generation: int | None = Field(default=None, ge=0)
+    replicas: int = Field(default=0, ge=0)
+    ready_replicas: int = Field(default=0, ge=0)
+    selector: str | None = Field(default=None, max_length=1024)
+    """Label selector of the serving pods (for the /scale subresource)."""
+    profile: ResolvedProfile | None = None
+    rejected_candidates: list[RejectedCandidate] = Field(default_factory=list, max_length=64)
+    artifact_digest: str | None = Field(default=None, max_length=71)
+    runtime_image: str | None = Field(default=None, max_length=512)
+    fingerprint: str | None = Field(default=None, max_length=64)
+    endpoints: int = Field(default=0, ge=0)
+    last_wake: datetime | None = None
+    conditions: list[Condition] = Field(default_factory=list, max_length=16)
+
+
+class DeploymentCondition(StrEnum):
+    ARTIFACT_READY = "ArtifactReady"
+    PLACED = "Placed"
+    FIT_FAILED = "FitFailed"
+    RUNTIME_READY = "RuntimeReady"
+    SERVING = "Serving"
+    DEGRADED = "Degraded"
+    SCALED_TO_ZERO = "ScaledToZero"
+
+
+class ModelDeployment(KamaModel):
+    """Serving intent for one ready ModelArtifact."""
+
+    api_version: Literal["kama.dev/v1alpha1"] = "kama.dev/v1alpha1"
+    kind: Literal["ModelDeployment"] = "ModelDeployment"
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: ModelDeploymentSpec
+    status: ModelDeploymentStatus | None = None
+
+
+__all__ = [
+    "MODELDEPLOYMENT_KIND",
+    "MODELDEPLOYMENT_PLURAL",
+    "MODELDEPLOYMENT_SHORT_NAME",
+    "MODELDEPLOYMENT_SINGULAR",
+    "DeploymentCondition",
+    "ModelDeployment",
+    "ModelDeploymentSpec",
+    "ModelDeploymentStatus",
+]
