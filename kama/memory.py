@@ -110,7 +110,7 @@ CUDA_HOST_RUNTIME_BYTES: Final = 512 * MIB
 HOST_OVERHEAD_BYTES: Final = 16 * MIB
 """Host RAM of the process itself: code, vocabulary, server state, allocator slack.
 Calibrated by tests/bench/bench_planner.py (llama-server 11434.0.0 on CPU): with 64 MiB
-every estimate was 53–65 MiB above the measured VmHWM; 16 MiB keeps a small margin."""
+every estimate was 53-65 MiB above the measured VmHWM; 16 MiB keeps a small margin."""
 
 DEFAULT_BATCH_SIZE: Final = 2048
 """llama.cpp's default ``--batch-size``."""
