@@ -2,8 +2,8 @@
 
 Implemented: `kama worker` (Temporal worker for workflows and control activities),
 `kama watcher` (CRD watch → workflow signals), `kama importer` (activity worker next
-to a cache volume) and `kama dev` (the local stack with a demo model). The gateway
-and the runtime supervisor arrive with their issues.
+to a cache volume), `kama runtime` (serving pod supervisor) and `kama dev` (the
+local stack with a demo model). The gateway arrives with its issue.
 """
 
 from __future__ import annotations
@@ -97,6 +97,12 @@ def _importer(args: argparse.Namespace) -> int:
     return 0
 
 
+def _runtime(args: argparse.Namespace) -> int:
+    from runtime.supervisor import run_runtime
+
+    return run_runtime()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kama", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -120,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--task-queue", required=True, help="the per-operation task queue to poll"
     )
     importer.set_defaults(func=_importer)
+    sub.add_parser(
+        "runtime", help="PID 1 of a serving pod: check the artifact, run llama-server, drain"
+    ).set_defaults(func=_runtime)
     return parser
 
 

@@ -38,6 +38,7 @@ from kama.memory import (
     estimate_memory,
     format_bytes,
 )
+from kama.serving_plan import ServingPlan
 
 __all__ = [
     "GPU_MEMORY_LABEL",
@@ -822,10 +823,6 @@ def plan_placement(
 # ---------------------------------------------------------------------------
 # llama-server flags
 
-_FLASH_ATTN_FLAG: Final[Mapping[FlashAttention, str]] = MappingProxyType(
-    {FlashAttention.AUTO: "auto", FlashAttention.ON: "on", FlashAttention.OFF: "off"}
-)
-
 
 def llama_server_args(
     profile: Profile, envelope: RuntimeEnvelope, *, model_path: str, host: str, port: int
@@ -841,29 +838,27 @@ def llama_server_args(
     """
     if envelope != profile.envelope:
         raise ValueError("the envelope differs from the one the profile was planned for")
-    if not 0 < port < 65536:
-        raise ValueError(f"port out of range: {port}")
-    args = [
-        "--model", model_path,
-        "--host", host,
-        "--port", str(port),
-        "--ctx-size", str(profile.ctx_total),
-        "--parallel", str(envelope.concurrency),
-        "--no-kv-unified",
-        "--cache-type-k", str(envelope.kv_key_type),
-        "--cache-type-v", str(envelope.kv_value_type),
-        "--n-gpu-layers", str(profile.n_gpu_layers),
-    ]  # fmt: skip
-    if profile.gpus_per_replica:
-        args += ["--split-mode", str(profile.split_mode)]
-    if profile.tensor_split:
-        args += ["--tensor-split", ",".join(str(p) for p in profile.tensor_split)]
-    args += [
-        "--batch-size", str(envelope.batch_size),
-        "--ubatch-size", str(envelope.micro_batch_size),
-        "--flash-attn", _FLASH_ATTN_FLAG[envelope.flash_attention],
-    ]  # fmt: skip
-    if envelope.threads is not None:
-        args += ["--threads", str(envelope.threads)]
-    args += ["--metrics", "--slots", "--no-context-shift", "--fit", "off"]
-    return args
+    directory, _, entrypoint = model_path.rpartition("/")
+    plan = serving_plan(profile, entrypoint=entrypoint, manifest_digest="")
+    return plan.llama_server_args(model_dir=directory or ".", host=host, port=port)
+
+
+def serving_plan(profile: Profile, *, entrypoint: str, manifest_digest: str) -> ServingPlan:
+    """The part of a profile a serving pod needs, as data for the runtime supervisor."""
+    envelope = profile.envelope
+    return ServingPlan(
+        entrypoint=entrypoint,
+        manifest_digest=manifest_digest,
+        ctx_total=profile.ctx_total,
+        concurrency=envelope.concurrency,
+        kv_key_type=str(envelope.kv_key_type),
+        kv_value_type=str(envelope.kv_value_type),
+        n_gpu_layers=profile.n_gpu_layers,
+        gpus=profile.gpus_per_replica,
+        split_mode=str(profile.split_mode),
+        tensor_split=tuple(profile.tensor_split),
+        batch_size=envelope.batch_size,
+        micro_batch_size=envelope.micro_batch_size,
+        flash_attention=str(envelope.flash_attention),
+        threads=envelope.threads,
+    )

@@ -59,6 +59,7 @@ def default_image_map(binaries: Binaries) -> dict[str, Any]:
                     "PYTHONDONTWRITEBYTECODE": "1",
                     "HF_HUB_DISABLE_TELEMETRY": "1",
                     "HOME": "/tmp",
+                    "KAMA_LLAMA_SERVER": str(binaries.llama_server),  # on PATH in the real image
                 },
                 "workingDir": str(REPO_ROOT),
             },

@@ -210,24 +210,29 @@ class Container:
         return self.exit_code
 
     def signal(self, sig: int) -> None:
+        """Signal the container's main process (its PID 1), as a container runtime does;
+        SIGKILL goes to the whole process group so nothing the container started survives."""
         if self.proc is not None and self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, sig)
+                if sig == signal.SIGKILL:
+                    os.killpg(self.proc.pid, sig)
+                else:
+                    os.kill(self.proc.pid, sig)
 
     def stop(self, *, grace: float, reason: str | None = None) -> None:
-        """SIGTERM, wait up to `grace`, then SIGKILL; blocks until the process is gone."""
-        if self.proc is None or self.proc.poll() is not None:
+        """SIGTERM to the main process, wait up to `grace`, then SIGKILL to everything the
+        container started (as a runtime kills the container's cgroup), even when the
+        main process already exited and left children behind."""
+        if self.proc is None:
             return
-        self.kill_reason = reason
-        self.signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=max(grace, 0.0))
-        except subprocess.TimeoutExpired:
-            self.signal(signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        # the container's own children (same process group) go with it
+        if self.proc.poll() is None:
+            self.kill_reason = reason
+            self.signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=max(grace, 0.0))
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
         self.reap()
 
     # probes -----------------------------------------------------------------

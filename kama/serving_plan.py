@@ -1,0 +1,78 @@
+"""What one serving pod runs, as data: the resolved profile reduced to what the
+runtime supervisor needs (artifact identity, llama-server envelope, GPU layout),
+carried into the pod as JSON. Rendering llama-server's flags from it is pure and
+lives here, so the planner and the supervisor agree by construction."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+MODELS_DIR = "/models"
+LLAMA_PORT = 8080
+SUPERVISOR_PORT = 8081
+
+_FLASH_ATTN_FLAG = {"Auto": "auto", "On": "on", "Off": "off"}
+
+
+@dataclass(frozen=True)
+class ServingPlan:
+    entrypoint: str  # file name inside the artifact directory
+    manifest_digest: str  # hex sha256 of the artifact manifest (no "sha256:" prefix)
+    ctx_total: int  # --ctx-size: context per slot times slots
+    concurrency: int  # --parallel: llama-server slots
+    kv_key_type: str = "f16"
+    kv_value_type: str = "f16"
+    n_gpu_layers: int = 0
+    gpus: int = 0
+    split_mode: str = "none"
+    tensor_split: tuple[int, ...] = ()
+    batch_size: int = 2048
+    micro_batch_size: int = 512
+    flash_attention: str = "Auto"
+    threads: int | None = None
+    drain_timeout_s: float = 120.0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ServingPlan:
+        raw: dict[str, Any] = json.loads(text)
+        raw["tensor_split"] = tuple(raw.get("tensor_split") or ())
+        return cls(**raw)
+
+    def llama_server_args(
+        self, *, model_dir: str = MODELS_DIR, host: str, port: int = LLAMA_PORT
+    ) -> list[str]:
+        """llama-server's flags (DESIGN §7), program name excluded. Every flag is in the
+        pinned llama.cpp's common/arg.cpp: `--no-kv-unified` gives each slot exactly its
+        context, `--fit off` stops llama.cpp from shrinking unset parameters (context
+        included) to fit device memory, `--no-context-shift` makes an overlong request
+        fail instead of silently dropping tokens, `--n-gpu-layers` is always explicit."""
+        if not 0 < port < 65536:
+            raise ValueError(f"port out of range: {port}")
+        args = [
+            "--model", f"{model_dir.rstrip('/')}/{self.entrypoint}",
+            "--host", host,
+            "--port", str(port),
+            "--ctx-size", str(self.ctx_total),
+            "--parallel", str(self.concurrency),
+            "--no-kv-unified",
+            "--cache-type-k", self.kv_key_type,
+            "--cache-type-v", self.kv_value_type,
+            "--n-gpu-layers", str(self.n_gpu_layers),
+        ]  # fmt: skip
+        if self.gpus:
+            args += ["--split-mode", self.split_mode]
+        if self.tensor_split:
+            args += ["--tensor-split", ",".join(str(p) for p in self.tensor_split)]
+        args += [
+            "--batch-size", str(self.batch_size),
+            "--ubatch-size", str(self.micro_batch_size),
+            "--flash-attn", _FLASH_ATTN_FLAG[self.flash_attention],
+        ]  # fmt: skip
+        if self.threads is not None:
+            args += ["--threads", str(self.threads)]
+        return [*args, "--metrics", "--slots", "--no-context-shift", "--fit", "off"]

@@ -1,0 +1,1 @@
+"""The runtime supervisor: PID 1 of a serving pod (`kama runtime`)."""

@@ -1,0 +1,191 @@
+"""`kama runtime`: PID 1 of a serving container.
+
+Before anything runs it checks the mounted artifact: `READY` present and the
+manifest's digest equal to the one in the serving plan (sizes checked, bytes not
+re-hashed: the import verified them). Then it renders llama-server's flags from the
+plan only, starts llama-server once, and serves a readiness endpoint that is ready
+only while llama-server's `/health` is 200 and `/props` reports the expected model
+and slot count. On SIGTERM it stops being ready, waits until no slot is processing
+(up to the plan's drain timeout), then stops llama-server and exits with its code.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from kama.cache_layout import MANIFEST_NAME, READY_NAME, Manifest
+from kama.serving_plan import LLAMA_PORT, MODELS_DIR, SUPERVISOR_PORT, ServingPlan
+
+log = logging.getLogger("kama.runtime")
+
+PLAN_ENV = "KAMA_SERVING_PLAN"
+LLAMA_SERVER_ENV = "KAMA_LLAMA_SERVER"
+PROBE_TIMEOUT_S = 2.0
+DRAIN_POLL_S = 0.5
+STOP_GRACE_S = 10.0
+
+
+class ArtifactNotServable(Exception):
+    """The mounted directory is not the published artifact the plan names."""
+
+
+def check_artifact(*, directory: Path, plan: ServingPlan) -> Manifest:
+    if not (directory / READY_NAME).is_file():
+        raise ArtifactNotServable(f"{directory} has no {READY_NAME}: not a published artifact")
+    try:
+        manifest = Manifest.parse((directory / MANIFEST_NAME).read_bytes())
+    except (OSError, ValueError) as exc:
+        raise ArtifactNotServable(f"{directory}/{MANIFEST_NAME}: {exc}") from exc
+    if manifest.digest != plan.manifest_digest:
+        raise ArtifactNotServable(
+            f"manifest digest {manifest.digest} != expected {plan.manifest_digest}"
+        )
+    if manifest.entrypoint != plan.entrypoint:
+        raise ArtifactNotServable(f"entrypoint {manifest.entrypoint} != expected {plan.entrypoint}")
+    for f in manifest.files:
+        path = directory / f.path
+        if not path.is_file() or path.stat().st_size != f.size:
+            raise ArtifactNotServable(f"{f.path} is missing or has the wrong size")
+    return manifest
+
+
+class Supervisor:
+    def __init__(
+        self, *, plan: ServingPlan, host: str, llama_server: str, models_dir: Path
+    ) -> None:
+        self.plan = plan
+        self.host = host
+        self.llama_server = llama_server
+        self.models_dir = models_dir
+        self.draining = threading.Event()
+        self.child: subprocess.Popen[bytes] | None = None
+        self.base = f"http://{host}:{LLAMA_PORT}"
+        self.http = httpx.Client(timeout=PROBE_TIMEOUT_S)
+
+    def start_child(self) -> None:
+        args = self.plan.llama_server_args(
+            model_dir=str(self.models_dir), host=self.host, port=LLAMA_PORT
+        )
+        log.info("starting llama-server %s", " ".join(args))
+        self.child = subprocess.Popen([self.llama_server, *args])
+
+    def ready(self) -> tuple[bool, str]:
+        if self.draining.is_set():
+            return False, "draining"
+        if self.child is None or self.child.poll() is not None:
+            return False, "llama-server is not running"
+        try:
+            if self.http.get(f"{self.base}/health").status_code != 200:
+                return False, "llama-server /health is not ok yet"
+            props: dict[str, Any] = self.http.get(f"{self.base}/props").json()
+        except (httpx.HTTPError, ValueError) as exc:
+            return False, f"llama-server unreachable: {type(exc).__name__}"
+        if props.get("total_slots") != self.plan.concurrency:
+            return (
+                False,
+                f"llama-server has {props.get('total_slots')} slots, expected {self.plan.concurrency}",
+            )
+        if not str(props.get("model_path", "")).endswith("/" + self.plan.entrypoint):
+            return (
+                False,
+                f"llama-server serves {props.get('model_path')}, expected {self.plan.entrypoint}",
+            )
+        return True, "ready"
+
+    def busy_slots(self) -> int:
+        try:
+            slots = self.http.get(f"{self.base}/slots").json()
+        except (httpx.HTTPError, ValueError):
+            return 0
+        return sum(1 for s in slots if s.get("is_processing"))
+
+    def drain_and_stop(self) -> int:
+        self.draining.set()
+        deadline = time.monotonic() + self.plan.drain_timeout_s
+        while time.monotonic() < deadline and self.child is not None and self.child.poll() is None:
+            busy = self.busy_slots()
+            if busy == 0:
+                break
+            log.info("draining: %d slot(s) still processing", busy)
+            time.sleep(DRAIN_POLL_S)
+        if self.child is None:
+            return 0
+        if self.child.poll() is None:
+            self.child.terminate()
+            try:
+                self.child.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                self.child.kill()
+        return self.child.wait()
+
+    def serve_probes(self) -> ThreadingHTTPServer:
+        supervisor = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+            def do_GET(self) -> None:
+                if self.path == "/readyz":
+                    ok, why = supervisor.ready()
+                elif self.path == "/livez":
+                    ok = supervisor.child is not None and supervisor.child.poll() is None
+                    why = "alive" if ok else "llama-server exited"
+                else:
+                    ok, why = False, "not found"
+                body = json.dumps({"ok": ok, "reason": why}).encode()
+                self.send_response(200 if ok else (404 if why == "not found" else 503))
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        server = ThreadingHTTPServer((self.host, SUPERVISOR_PORT), Handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, name="probes", daemon=True).start()
+        return server
+
+
+def run_runtime() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    plan = ServingPlan.from_json(os.environ[PLAN_ENV])
+    host = os.environ.get("POD_IP", "127.0.0.1")
+    models = Path(os.environ.get("KAMA_MODELS_DIR", MODELS_DIR))
+    try:
+        check_artifact(directory=models, plan=plan)
+    except ArtifactNotServable as exc:
+        print(f"kama runtime: refusing to start: {exc}", file=sys.stderr, flush=True)
+        return 2
+    supervisor = Supervisor(
+        plan=plan,
+        host=host,
+        llama_server=os.environ.get(LLAMA_SERVER_ENV, "llama-server"),
+        models_dir=models,
+    )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    supervisor.start_child()
+    server = supervisor.serve_probes()
+    while not stop.wait(0.5):
+        if supervisor.child is not None and supervisor.child.poll() is not None:
+            code = supervisor.child.returncode
+            log.error("llama-server exited with %s", code)
+            server.shutdown()
+            return code if code > 0 else 1
+    log.info("SIGTERM: draining")
+    code = supervisor.drain_and_stop()
+    server.shutdown()
+    return 0 if code in (0, -signal.SIGTERM) else code

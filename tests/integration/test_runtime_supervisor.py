@@ -1,0 +1,177 @@
+"""`kama runtime` as PID 1 of a serving pod on the local stack: it refuses an artifact
+whose digest differs from the plan, becomes Ready only when llama-server serves the
+expected model and slots, answers on the pod IP, and drains in-flight requests on
+deletion before llama-server stops."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from kama.serving_plan import LLAMA_PORT, SUPERVISOR_PORT, ServingPlan
+from kama.testing.gguf_factory import ModelShape, write_model
+from localstack.stack import KAMA_IMAGE
+from tests.conftest import KamaControl
+from tests.integration.test_artifact_plane import cache, hf_artifact, wait_condition
+from tests.support import apply, eventually, get_json, kubectl
+
+
+def runtime_pod(
+    namespace: str, name: str, *, plan: ServingPlan, sub_path: str, restart: str = "Always"
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "restartPolicy": restart,
+            "terminationGracePeriodSeconds": 60,
+            "automountServiceAccountToken": False,
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532},
+            "containers": [
+                {
+                    "name": "runtime",
+                    "image": KAMA_IMAGE,
+                    "args": ["runtime"],
+                    "env": [
+                        {
+                            "name": "POD_IP",
+                            "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+                        },
+                        {"name": "KAMA_SERVING_PLAN", "value": plan.to_json()},
+                    ],
+                    "readinessProbe": {
+                        "httpGet": {"path": "/readyz", "port": SUPERVISOR_PORT},
+                        "periodSeconds": 1,
+                    },
+                    "securityContext": {
+                        "readOnlyRootFilesystem": True,
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                    "volumeMounts": [
+                        {
+                            "name": "model",
+                            "mountPath": "/models",
+                            "subPath": sub_path,
+                            "readOnly": True,
+                        }
+                    ],
+                }
+            ],
+            "volumes": [
+                {
+                    "name": "model",
+                    "persistentVolumeClaim": {"claimName": "kama-cache-models", "readOnly": True},
+                }
+            ],
+        },
+    }
+
+
+def test_runtime_serves_checks_and_drains(
+    kama_control: KamaControl, namespace: str, tmp_path: Path
+) -> None:
+    control = kama_control
+    repo = f"acme/long-{uuid.uuid4().hex[:6]}"
+    model = write_model(tmp_path / "long.gguf", shape=ModelShape(n_ctx=8192, seed=51))
+    control.hub.add_repo(repo, {"tiny.gguf": model})
+    apply(control.stack, cache(namespace), hf_artifact(namespace, "tiny", repo, ["tiny.gguf"]))
+    status = wait_condition(control, namespace, "tiny", "Ready")["status"]
+    digest = status["manifestDigest"].removeprefix("sha256:")
+    plan = ServingPlan(
+        entrypoint="tiny.gguf",
+        manifest_digest=digest,
+        ctx_total=16384,
+        concurrency=2,
+        drain_timeout_s=60,
+    )
+    sub_path = status["servingLocation"]["subPath"]
+
+    wrong = ServingPlan(
+        entrypoint="tiny.gguf", manifest_digest="0" * 64, ctx_total=1024, concurrency=2
+    )
+    apply(
+        control.stack,
+        runtime_pod(namespace, "wrong", plan=wrong, sub_path=sub_path, restart="Never"),
+    )
+
+    def terminated() -> dict[str, Any] | None:
+        statuses = (
+            get_json(control.stack, "pod", "wrong", "-n", namespace)
+            .get("status", {})
+            .get("containerStatuses")
+            or []
+        )
+        return statuses[0]["state"].get("terminated") if statuses else None
+
+    assert eventually(terminated, timeout=60, what="the mismatched pod to stop")["exitCode"] == 2
+    assert "manifest digest" in kubectl(control.stack, "logs", "wrong", "-n", namespace).stdout
+
+    apply(control.stack, runtime_pod(namespace, "serve", plan=plan, sub_path=sub_path))
+
+    def ready() -> str | None:
+        pod = get_json(control.stack, "pod", "serve", "-n", namespace)
+        conds = {c["type"]: c["status"] for c in pod.get("status", {}).get("conditions", [])}
+        return pod["status"]["podIP"] if conds.get("Ready") == "True" else None
+
+    ip = eventually(ready, timeout=90, what="the serving pod Ready")
+    with httpx.Client(timeout=60) as http:
+        assert http.get(f"http://{ip}:{SUPERVISOR_PORT}/readyz").json() == {
+            "ok": True,
+            "reason": "ready",
+        }
+        chat = http.post(
+            f"http://{ip}:{LLAMA_PORT}/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+        )
+        assert chat.status_code == 200
+        props = http.get(f"http://{ip}:{LLAMA_PORT}/props").json()
+        assert props["total_slots"] == 2
+
+    outcome: dict[str, Any] = {}
+
+    def long_request() -> None:
+        with httpx.Client(timeout=120) as http:
+            r = http.post(
+                f"http://{ip}:{LLAMA_PORT}/completion",
+                json={"prompt": "Count", "n_predict": 6000, "ignore_eos": True, "temperature": 0},
+            )
+            outcome["status"] = r.status_code
+            outcome["tokens"] = r.json().get("tokens_predicted") if r.status_code == 200 else None
+
+    worker = threading.Thread(target=long_request)
+    worker.start()
+    with httpx.Client(timeout=5) as http:
+        eventually(
+            lambda: any(
+                s.get("is_processing") for s in http.get(f"http://{ip}:{LLAMA_PORT}/slots").json()
+            ),
+            timeout=30,
+            what="the long request to occupy a slot",
+            interval=0.05,
+        )
+    kubectl(control.stack, "delete", "pod", "serve", "-n", namespace, "--wait=false")
+    with httpx.Client(timeout=5) as http:
+        eventually(
+            lambda: http.get(f"http://{ip}:{SUPERVISOR_PORT}/readyz").status_code == 503,
+            timeout=10,
+            what="the pod to stop being ready while draining",
+            interval=0.05,
+        )
+    worker.join(timeout=120)
+    assert outcome == {"status": 200, "tokens": 6000}, (
+        "the in-flight request finished during the drain"
+    )
+    eventually(
+        lambda: (
+            kubectl(control.stack, "get", "pod", "serve", "-n", namespace, check=False).returncode
+            != 0
+        ),
+        timeout=60,
+        what="the pod to be gone after draining",
+    )
