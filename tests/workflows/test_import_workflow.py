@@ -173,6 +173,18 @@ async def test_missing_repo_and_broken_gguf_are_not_retried(
     info_calls = [r for r in hub.log.requests if r[1].startswith("/api/models/acme/nothing")]
     assert len(info_calls) == 1, "a 404 is not retried"
 
+    private = write_model(tmp_path / "private.gguf", shape=ModelShape(seed=2))
+    hub.add_repo("acme/private", {"p.gguf": private}, token="hf_right")
+    with pytest.raises(WorkflowFailureError) as failure:
+        await run_import(
+            temporal_client, workers, hub, tmp_path / "cache", "acme/private", ["p.gguf"]
+        )
+    cause = application_error(failure.value)
+    assert cause.type == "SourceUnavailable" and "401" in str(cause)
+    assert len([r for r in hub.log.requests if r[1].startswith("/api/models/acme/private")]) == 1, (
+        "a 401 is not retried"
+    )
+
     broken = write_bad_magic(tmp_path / "bad.gguf", shape=ModelShape())
     hub.add_repo("acme/bad", {"bad.gguf": broken})
     with pytest.raises(WorkflowFailureError) as failure:
