@@ -10,11 +10,11 @@ atomically. Bad sources and bad bytes end it with a typed, non-retryable error.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
+
+from workflows.importer_calls import CACHE_CALL, RESOLVE, TRANSFER, on_importer
 
 with workflow.unsafe.imports_passed_through():
     from activities.cache import CacheActivities
@@ -35,24 +35,6 @@ with workflow.unsafe.imports_passed_through():
     )
     from activities.volume_source import PvcSourceActivities
     from kama.cache_layout import Manifest, ManifestFile
-
-RESOLVE_TIMEOUT = timedelta(minutes=2)
-SOURCE_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    maximum_interval=timedelta(seconds=30),
-    maximum_attempts=10,
-)
-DOWNLOAD_TIMEOUT = timedelta(hours=6)
-DOWNLOAD_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
-DOWNLOAD_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    maximum_interval=timedelta(minutes=1),
-    backoff_coefficient=2.0,
-)
-CACHE_TIMEOUT = timedelta(hours=1)
-CACHE_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30)
-)
 
 
 @dataclass(frozen=True)
@@ -127,12 +109,11 @@ class ImportWorkflow:
             return reused
 
         self._status.phase = "Importing"
-        free_bytes: int = await workflow.execute_activity_method(
+        free_bytes: int = await on_importer(
             CacheActivities.ensure_space,
             SpaceRequest(cache_root=request.cache_root, needed_bytes=resolved.total_size),
-            task_queue=request.importer_task_queue,
-            start_to_close_timeout=CACHE_TIMEOUT,
-            retry_policy=CACHE_RETRY,
+            queue=request.importer_task_queue,
+            policy=CACHE_CALL,
         )
         downloaded: list[DownloadedFile] = []
         for file in resolved.files:
@@ -149,7 +130,7 @@ class ImportWorkflow:
             self._status.bytes_completed += result.size
 
         self._status.phase = "Publishing"
-        artifact: PublishedArtifact = await workflow.execute_activity_method(
+        artifact: PublishedArtifact = await on_importer(
             CacheActivities.publish,
             PublishRequest(
                 cache_root=request.cache_root,
@@ -159,9 +140,8 @@ class ImportWorkflow:
                 if request.pvc is None
                 else resolved.entrypoint.rsplit("/", 1)[-1],
             ),
-            task_queue=request.importer_task_queue,
-            start_to_close_timeout=CACHE_TIMEOUT,
-            retry_policy=CACHE_RETRY,
+            queue=request.importer_task_queue,
+            policy=CACHE_CALL,
         )
         self._status.phase = "Published"
         return ImportResult(
@@ -175,24 +155,22 @@ class ImportWorkflow:
 
     async def _resolve(self, request: ImportInput) -> ResolvedSource:
         if request.pvc is not None:
-            resolved: ResolvedSource = await workflow.execute_activity_method(
+            resolved: ResolvedSource = await on_importer(
                 PvcSourceActivities.resolve,
                 request.pvc,
-                task_queue=request.importer_task_queue,
-                start_to_close_timeout=RESOLVE_TIMEOUT,
-                retry_policy=SOURCE_RETRY,
+                queue=request.importer_task_queue,
+                policy=RESOLVE,
             )
             return resolved
         if request.source is None:
             raise ApplicationError(
                 "the import names no source", type="SourceUnavailable", non_retryable=True
             )
-        resolved = await workflow.execute_activity_method(
+        resolved = await on_importer(
             HuggingFaceActivities.resolve_source,
             request.source,
-            task_queue=request.importer_task_queue,  # the token is readable only there
-            start_to_close_timeout=RESOLVE_TIMEOUT,
-            retry_policy=SOURCE_RETRY,
+            queue=request.importer_task_queue,
+            policy=RESOLVE,
         )
         return resolved
 
@@ -201,7 +179,7 @@ class ImportWorkflow:
     ) -> DownloadedFile:
         result: DownloadedFile
         if request.pvc is not None:
-            result = await workflow.execute_activity_method(
+            result = await on_importer(
                 PvcSourceActivities.copy_file,
                 CopyRequest(
                     source=request.pvc,
@@ -209,14 +187,12 @@ class ImportWorkflow:
                     cache_root=request.cache_root,
                     operation_id=request.operation_id,
                 ),
-                task_queue=request.importer_task_queue,
-                start_to_close_timeout=DOWNLOAD_TIMEOUT,
-                heartbeat_timeout=DOWNLOAD_HEARTBEAT_TIMEOUT,
-                retry_policy=DOWNLOAD_RETRY,
+                queue=request.importer_task_queue,
+                policy=TRANSFER,
             )
             return result
         assert request.source is not None
-        result = await workflow.execute_activity_method(
+        result = await on_importer(
             HuggingFaceActivities.download_file,
             DownloadRequest(
                 source=request.source,
@@ -225,10 +201,8 @@ class ImportWorkflow:
                 cache_root=request.cache_root,
                 operation_id=request.operation_id,
             ),
-            task_queue=request.importer_task_queue,
-            start_to_close_timeout=DOWNLOAD_TIMEOUT,
-            heartbeat_timeout=DOWNLOAD_HEARTBEAT_TIMEOUT,
-            retry_policy=DOWNLOAD_RETRY,
+            queue=request.importer_task_queue,
+            policy=TRANSFER,
         )
         return result
 
@@ -256,16 +230,15 @@ class ImportWorkflow:
             files=[ManifestFile(path=f.path, size=f.size, sha256=f.sha256) for f in files],
             entrypoint=resolved.entrypoint,
         )
-        found: bool = await workflow.execute_activity_method(
+        found: bool = await on_importer(
             CacheActivities.lookup,
             LookupRequest(cache_root=request.cache_root, manifest_digest=manifest.digest),
-            task_queue=request.importer_task_queue,
-            start_to_close_timeout=CACHE_TIMEOUT,
-            retry_policy=CACHE_RETRY,
+            queue=request.importer_task_queue,
+            policy=CACHE_CALL,
         )
         if not found:
             return None
-        artifact: PublishedArtifact = await workflow.execute_activity_method(
+        artifact: PublishedArtifact = await on_importer(
             CacheActivities.publish,
             PublishRequest(
                 cache_root=request.cache_root,
@@ -273,9 +246,8 @@ class ImportWorkflow:
                 files=files,
                 entrypoint=resolved.entrypoint,
             ),
-            task_queue=request.importer_task_queue,
-            start_to_close_timeout=CACHE_TIMEOUT,
-            retry_policy=CACHE_RETRY,
+            queue=request.importer_task_queue,
+            policy=CACHE_CALL,
         )
         return ImportResult(
             commit=resolved.commit,
@@ -286,10 +258,9 @@ class ImportWorkflow:
         )
 
     async def _discard(self, request: ImportInput) -> None:
-        await workflow.execute_activity_method(
+        await on_importer(
             CacheActivities.discard_staging,
             DiscardRequest(cache_root=request.cache_root, operation_id=request.operation_id),
-            task_queue=request.importer_task_queue,
-            start_to_close_timeout=CACHE_TIMEOUT,
-            retry_policy=CACHE_RETRY,
+            queue=request.importer_task_queue,
+            policy=CACHE_CALL,
         )

@@ -15,6 +15,8 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 
+from workflows.importer_calls import CallPolicy, on_importer
+
 with workflow.unsafe.imports_passed_through():
     from activities.cache import CacheActivities
     from activities.models import (
@@ -32,6 +34,8 @@ HASH_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
 VERIFY_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30)
 )
+RESOLVE_ON_CLAIM = CallPolicy(timeout=RESOLVE_TIMEOUT, retry=VERIFY_RETRY)
+HASH = CallPolicy(timeout=HASH_TIMEOUT, retry=VERIFY_RETRY, heartbeat=HASH_HEARTBEAT_TIMEOUT)
 
 
 @dataclass(frozen=True)
@@ -64,27 +68,24 @@ class VerifyWorkflow:
         if request.pvc is not None:
             return await self._in_place(request, request.pvc)
         self._phase = "re-hashing the published artifact"
-        checked: int = await workflow.execute_activity_method(
+        checked: int = await on_importer(
             CacheActivities.verify_published,
             VerifyPublishedRequest(
                 cache_root=request.cache_root, manifest_digest=request.manifest_digest
             ),
-            task_queue=request.importer_task_queue,
-            start_to_close_timeout=HASH_TIMEOUT,
-            heartbeat_timeout=HASH_HEARTBEAT_TIMEOUT,
-            retry_policy=VERIFY_RETRY,
+            queue=request.importer_task_queue,
+            policy=HASH,
         )
         self._phase = "verified"
         return VerifyResult(bytes_checked=checked)
 
     async def _in_place(self, request: VerifyInput, pvc: PvcSource) -> VerifyResult:
         self._phase = "resolving files on the claim"
-        resolved: ResolvedSource = await workflow.execute_activity_method(
+        resolved: ResolvedSource = await on_importer(
             PvcSourceActivities.resolve,
             pvc,
-            task_queue=request.importer_task_queue,
-            start_to_close_timeout=RESOLVE_TIMEOUT,
-            retry_policy=VERIFY_RETRY,
+            queue=request.importer_task_queue,
+            policy=RESOLVE_ON_CLAIM,
         )
         if request.expected_size is not None and resolved.total_size != request.expected_size:
             raise ApplicationError(
@@ -93,13 +94,11 @@ class VerifyWorkflow:
                 non_retryable=True,
             )
         self._phase = "hashing in place"
-        found: InPlaceArtifact = await workflow.execute_activity_method(
+        found: InPlaceArtifact = await on_importer(
             PvcSourceActivities.verify_in_place,
             InPlaceRequest(source=pvc, files=resolved.files, entrypoint=resolved.entrypoint),
-            task_queue=request.importer_task_queue,
-            start_to_close_timeout=HASH_TIMEOUT,
-            heartbeat_timeout=HASH_HEARTBEAT_TIMEOUT,
-            retry_policy=VERIFY_RETRY,
+            queue=request.importer_task_queue,
+            policy=HASH,
         )
         if (
             request.expected_sha256
