@@ -15,7 +15,7 @@ from localstack.stack import LLAMA_IMAGE, LocalStack
 LLAMA_PORT = 8080
 
 
-def model_claim_manifest(*, name: str, namespace: str, size: str = "1Gi") -> dict[str, Any]:
+def claim_manifest(*, name: str, namespace: str, size: str = "1Gi") -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
@@ -103,7 +103,7 @@ def run_demo(stack: LocalStack, *, namespace: str = "kama-demo") -> str:
     core = stack.core()
     core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=namespace)))
     core.create_namespaced_persistent_volume_claim(
-        namespace, model_claim_manifest(name="models", namespace=namespace)
+        namespace, claim_manifest(name="models", namespace=namespace)
     )
     directory = claim_host_path(core=core, name="models", namespace=namespace)
     write_model(directory / "tiny.gguf", shape=ModelShape())

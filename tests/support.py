@@ -63,3 +63,14 @@ def pid_alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def wait_gone(
+    stack: LocalStack, kind: str, name: str, namespace: str, *, timeout: float, what: str
+) -> None:
+    """Wait until `kubectl get` no longer finds the object."""
+    eventually(
+        lambda: kubectl(stack, "get", kind, name, "-n", namespace, check=False).returncode != 0,
+        timeout=timeout,
+        what=what,
+    )

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from kama.testing.gguf_factory import ModelShape, write_model
+from localstack.demo import claim_host_path, claim_manifest
 from localstack.hub import Fault
 from tests.conftest import KamaControl
-from tests.support import apply, eventually, get_json, kubectl
+from tests.support import apply, eventually, get_json, kubectl, wait_gone
 
 READY_TIMEOUT = 120
 
@@ -337,24 +338,9 @@ def test_pvc_copy_and_direct_sources(kama_control: KamaControl, namespace: str) 
     apply(
         control.stack,
         cache(namespace),
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": "uploads", "namespace": namespace},
-            "spec": {
-                "accessModes": ["ReadWriteOnce"],
-                "resources": {"requests": {"storage": "1Gi"}},
-            },
-        },
+        claim_manifest(name="uploads", namespace=namespace),
     )
-    volume = eventually(
-        lambda: get_json(control.stack, "pvc", "uploads", "-n", namespace)["spec"].get(
-            "volumeName"
-        ),
-        timeout=60,
-        what="the uploads claim to bind",
-    )
-    root = Path(get_json(control.stack, "pv", volume)["spec"]["hostPath"]["path"])
+    root = claim_host_path(core=control.stack.core(), name="uploads", namespace=namespace)
     (root / "models").mkdir()
     model = write_model(root / "models" / "tiny.gguf", shape=ModelShape(seed=21))
     (root / "escape.gguf").symlink_to("/etc/hostname")
@@ -434,23 +420,19 @@ def test_cache_reports_storage_and_deletes_only_its_own_claim(
     )
     assert get_json(control.stack, "pvc", "kama-cache-models", "-n", namespace)["metadata"]["name"]
     kubectl(control.stack, "delete", "modelartifact", "user", "-n", namespace, "--timeout=60s")
-    eventually(
-        lambda: (
-            kubectl(
-                control.stack, "get", "modelcache", "models", "-n", namespace, check=False
-            ).returncode
-            != 0
-        ),
+    wait_gone(
+        control.stack,
+        "modelcache",
+        "models",
+        namespace,
         timeout=90,
         what="the cache to be deleted once unused",
     )
-    eventually(
-        lambda: (
-            kubectl(
-                control.stack, "get", "pvc", "kama-cache-models", "-n", namespace, check=False
-            ).returncode
-            != 0
-        ),
+    wait_gone(
+        control.stack,
+        "pvc",
+        "kama-cache-models",
+        namespace,
         timeout=60,
         what="the claim Kama created to be deleted (retentionPolicy Delete)",
     )
@@ -458,15 +440,7 @@ def test_cache_reports_storage_and_deletes_only_its_own_claim(
     # an existing claim is never deleted, whatever happens to the cache
     apply(
         control.stack,
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": "precious", "namespace": namespace},
-            "spec": {
-                "accessModes": ["ReadWriteOnce"],
-                "resources": {"requests": {"storage": "1Gi"}},
-            },
-        },
+        claim_manifest(name="precious", namespace=namespace),
         {
             "apiVersion": "kama.dev/v1alpha1",
             "kind": "ModelCache",
@@ -527,13 +501,11 @@ def test_artifact_deletion_waits_for_deployments_and_keeps_bytes(
         "deletionTimestamp"
     ]
     kubectl(control.stack, "delete", "modeldeployment", "chat", "-n", namespace)
-    eventually(
-        lambda: (
-            kubectl(
-                control.stack, "get", "modelartifact", "served", "-n", namespace, check=False
-            ).returncode
-            != 0
-        ),
+    wait_gone(
+        control.stack,
+        "modelartifact",
+        "served",
+        namespace,
         timeout=90,
         what="the artifact to be deleted once unreferenced",
     )

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 
 from kama.testing.gguf_factory import ModelShape, write_model
-from localstack.demo import LLAMA_PORT, claim_host_path, llama_pod_manifest, model_claim_manifest
+from localstack.demo import LLAMA_PORT, claim_host_path, claim_manifest, llama_pod_manifest
 from localstack.stack import LocalStack
 from tests.support import apply, eventually, get_json, kubectl, pid_alive
 
@@ -27,7 +27,7 @@ def container_pid(pod: dict[str, Any]) -> int:
 
 
 def test_llama_server_pod_serves_and_stops(stack: LocalStack, namespace: str) -> None:
-    apply(stack, model_claim_manifest(name="models", namespace=namespace))
+    apply(stack, claim_manifest(name="models", namespace=namespace))
     volume = claim_host_path(core=stack.core(), name="models", namespace=namespace)
     write_model(volume / "tiny.gguf", shape=ModelShape())
     pods = [

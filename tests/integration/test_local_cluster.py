@@ -8,6 +8,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from localstack.demo import claim_manifest
 from localstack.stack import SHELL_IMAGE, GPUNode, LocalStack
 from tests.support import apply, eventually, get_json, kubectl
 
@@ -230,13 +231,7 @@ def test_env_from_secret_configmap_and_downward_api(stack: LocalStack, namespace
 
 
 def test_read_only_volume_rejects_writes(stack: LocalStack, namespace: str) -> None:
-    claim = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "data", "namespace": namespace},
-        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
-    }
-    apply(stack, claim)
+    apply(stack, claim_manifest(name="data", namespace=namespace))
     writer = shell_pod(
         "writer",
         "echo hello > /data/greeting && echo scratch > /scratch/x && cat /scratch/x",
