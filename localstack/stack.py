@@ -120,6 +120,8 @@ class LocalStack:
     def kubectl_env(self) -> dict[str, str]:
         return {
             "KUBECONFIG": str(self.kubeconfig),
+            # without HOME kubectl would write its discovery cache into the working dir
+            "KUBECACHEDIR": str(self.workdir / "kube-cache"),
             "PATH": f"{self.binaries.kubectl.parent}:/usr/bin:/bin",
         }
 
