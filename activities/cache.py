@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -26,6 +27,7 @@ from activities.storage import (
     published,
     verify_files,
 )
+from kama.api import GGUFInfo
 from kama.cache_layout import Manifest, ManifestFile, artifact_digest, blob_dir, staging_dir
 from kama.gguf import (
     InvalidGGUF,
@@ -37,7 +39,7 @@ from kama.gguf import (
 )
 
 
-def gguf_facts(directory: Path, files: list[DownloadedFile]) -> dict[str, int | str | None]:
+def gguf_facts(directory: Path, files: list[DownloadedFile]) -> dict[str, Any]:
     headers = []
     for f in files:
         if not f.path.endswith(".gguf"):
@@ -52,20 +54,7 @@ def gguf_facts(directory: Path, files: list[DownloadedFile]) -> dict[str, int | 
         facts = facts_from_shard_set(headers)
     else:
         facts = facts_from_header(headers[0])
-    return {
-        "architecture": facts.architecture,
-        "fileType": facts.file_type_name,
-        "parameterCount": facts.parameter_count,
-        "layers": facts.n_layer,
-        "contextLength": facts.n_ctx_train,
-        "embeddingLength": facts.n_embd,
-        "headCount": facts.n_head,
-        "headCountKV": facts.n_head_kv,
-        "headDimK": facts.head_dim_k,
-        "headDimV": facts.head_dim_v,
-        "expertCount": facts.n_expert,
-        "expertUsedCount": facts.n_expert_used,
-    }
+    return GGUFInfo.from_facts(facts).model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 class CacheActivities:

@@ -5,6 +5,7 @@ appear here: a token is referenced by a file path that only the importer can rea
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ class PublishedArtifact:
     artifact_digest: str
     total_size: int
     directory: str
-    facts: dict[str, int | str | None] = field(default_factory=dict)
+    facts: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ class InPlaceArtifact:
     artifact_digest: str
     total_size: int
     base_path: str  # directory of the files, relative to the claim root
-    facts: dict[str, int | str | None] = field(default_factory=dict)
+    facts: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ from kama.config import Settings
 
 log = logging.getLogger("kama")
 
+LLAMA_PROBE_TIMEOUT_S = 3.0
+
 
 def kube_api() -> k8s.ApiClient:
     """In-cluster credentials inside a pod, else KUBECONFIG / ~/.kube/config."""
@@ -39,15 +41,21 @@ def _stop_on_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> No
 
 async def run_worker(settings: Settings) -> None:
     from activities.kube import ImporterSettings, KubeActivities
+    from activities.llama_server import LlamaServerActivities
     from activities.progress import ProgressActivities
+    from activities.serving_pods import ServingPodActivities
     from workflows.artifact import ArtifactWorkflow
     from workflows.cache import CacheWorkflow
+    from workflows.deployment import DeploymentWorkflow
+    from workflows.drain import DrainWorkflow
     from workflows.import_model import ImportWorkflow
+    from workflows.rollout import RolloutWorkflow
     from workflows.verify_model import VerifyWorkflow
 
     client = await Client.connect(settings.temporal_address, namespace=settings.temporal_namespace)
+    api = kube_api()
     kube = KubeActivities(
-        api=kube_api(),
+        api=api,
         importer=ImporterSettings(
             image=settings.importer_image,
             temporal_address=settings.importer_temporal_address or settings.temporal_address,
@@ -56,13 +64,23 @@ async def run_worker(settings: Settings) -> None:
         ),
     )
     progress = ProgressActivities(client=client)
+    serving = ServingPodActivities(api=api)
+    llama = LlamaServerActivities(http=httpx.Client(timeout=LLAMA_PROBE_TIMEOUT_S))
     stop = asyncio.Event()
     _stop_on_signals(asyncio.get_running_loop(), stop)
     with ThreadPoolExecutor(max_workers=16) as pool:
         worker = Worker(
             client,
             task_queue=settings.control_queue,
-            workflows=[ArtifactWorkflow, CacheWorkflow, ImportWorkflow, VerifyWorkflow],
+            workflows=[
+                ArtifactWorkflow,
+                CacheWorkflow,
+                ImportWorkflow,
+                VerifyWorkflow,
+                DeploymentWorkflow,
+                RolloutWorkflow,
+                DrainWorkflow,
+            ],
             activities=[
                 kube.patch_status,
                 kube.record_event,
@@ -75,6 +93,13 @@ async def run_worker(settings: Settings) -> None:
                 kube.delete_cache_claim,
                 kube.release_finalizer,
                 progress.import_progress,
+                serving.read_inputs,
+                serving.list_pods,
+                serving.create_pod,
+                serving.mark_draining,
+                serving.delete_pod,
+                serving.set_replicas,
+                llama.busy_slots,
             ],
             activity_executor=pool,
         )

@@ -19,6 +19,7 @@ class Settings:
     importer_image: str = DEFAULT_IMPORTER_IMAGE
     importer_temporal_address: str | None = None  # as pods see Temporal, if different
     watch_namespace: str | None = None  # None: all namespaces
+    runtime_image: str = DEFAULT_IMPORTER_IMAGE  # serving pods run `kama runtime` from it
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -31,4 +32,6 @@ class Settings:
             importer_image=env.get("KAMA_IMPORTER_IMAGE", defaults.importer_image),
             importer_temporal_address=env.get("KAMA_IMPORTER_TEMPORAL_ADDRESS") or None,
             watch_namespace=env.get("KAMA_WATCH_NAMESPACE") or None,
+            runtime_image=env.get("KAMA_RUNTIME_IMAGE")
+            or env.get("KAMA_IMPORTER_IMAGE", defaults.runtime_image),
         )

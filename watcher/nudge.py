@@ -17,10 +17,12 @@ from kubernetes import client as k8s
 from temporalio.client import Client
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 
-from activities.kube import ARTIFACTS, CACHES, ObjectRef
+from activities.kube import ARTIFACTS, CACHES, DEPLOYMENTS, ObjectRef
 from kama.api import FINALIZER, GROUP, VERSION
+from kama.config import Settings
 from workflows.artifact import ArtifactInput, ArtifactSnapshot, ArtifactWorkflow
 from workflows.cache import CacheInput, CacheWorkflow
+from workflows.deployment import DeploymentInput, DeploymentWorkflow
 
 log = logging.getLogger("kama.watcher")
 
@@ -35,7 +37,7 @@ class EntityKind:
     plural: str
     id_prefix: str
     run: Any  # the entity workflow's run method
-    make_input: Callable[[ArtifactSnapshot], Any]
+    make_input: Callable[[ArtifactSnapshot, Settings], Any]
     summary: Callable[[dict[str, Any]], str]
 
     def workflow_id(self, ref: ObjectRef) -> str:
@@ -73,7 +75,7 @@ ARTIFACT = EntityKind(
     plural=ARTIFACTS,
     id_prefix="artifact",
     run=ArtifactWorkflow.run,
-    make_input=lambda snap: ArtifactInput(snapshot=snap),
+    make_input=lambda snap, _settings: ArtifactInput(snapshot=snap),
     summary=artifact_summary,
 )
 CACHE = EntityKind(
@@ -81,18 +83,45 @@ CACHE = EntityKind(
     plural=CACHES,
     id_prefix="cache",
     run=CacheWorkflow.run,
-    make_input=lambda snap: CacheInput(snapshot=snap),
+    make_input=lambda snap, _settings: CacheInput(snapshot=snap),
     summary=cache_summary,
+)
+
+
+def deployment_summary(spec: dict[str, Any]) -> str:
+    runtime = spec.get("runtime", {})
+    return (
+        f"model {spec.get('modelRef', {}).get('name')}, "
+        f"context {runtime.get('contextSize', 'native')} x {runtime.get('concurrency', 1)}, "
+        f"placement {spec.get('placement', {}).get('mode', 'Auto')}"
+    )
+
+
+DEPLOYMENT = EntityKind(
+    kind="ModelDeployment",
+    plural=DEPLOYMENTS,
+    id_prefix="deployment",
+    run=DeploymentWorkflow.run,
+    make_input=lambda snap, settings: DeploymentInput(
+        snapshot=snap, runtime_image=settings.runtime_image
+    ),
+    summary=deployment_summary,
 )
 
 
 class Nudger:
     def __init__(
-        self, *, client: Client, custom: k8s.CustomObjectsApi, task_queue: str, entity: EntityKind
+        self,
+        *,
+        client: Client,
+        custom: k8s.CustomObjectsApi,
+        settings: Settings,
+        entity: EntityKind,
     ) -> None:
         self.client = client
         self.custom = custom
-        self.task_queue = task_queue
+        self.settings = settings
+        self.task_queue = settings.control_queue
         self.entity = entity
 
     def ensure_finalizer(self, obj: dict[str, Any]) -> bool:
@@ -132,7 +161,7 @@ class Nudger:
         snap = snapshot_of(obj)
         await self.client.start_workflow(
             self.entity.run,
-            self.entity.make_input(snap),
+            self.entity.make_input(snap, self.settings),
             id=self.entity.workflow_id(snap.ref),
             task_queue=self.task_queue,
             start_signal="spec changed",

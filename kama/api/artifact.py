@@ -13,6 +13,7 @@ which need the previous object and only the apiserver has it.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal, Self
 
@@ -89,6 +90,8 @@ SHA256_HEX_PATTERN: Final = r"^[0-9a-f]{64}$"
 _DIGEST_PATTERN: Final = r"^sha256:[0-9a-f]{64}$"
 _SHORT_DIGEST_LEN = 12
 # The only '*' allowed in spec.source.huggingFace.files: a shard pattern.
+MAX_LAYERS: Final = 1024
+_BLOCK_NAME: Final = re.compile(r"^blk\.(\d+)\.")
 _SHARD_PATTERN: Final = r"^[^*]+-[*]-of-([*]|[0-9]{5})[.]gguf$"
 
 
@@ -378,6 +381,53 @@ class ArtifactFile(KamaModel):
     """Lowercase hex SHA-256 of the file."""
 
 
+class WeightLayout(KamaModel):
+    """Tensor bytes grouped the way llama.cpp offloads them, for the placement planner
+    (which never reads the file): one entry per repeating layer, the output layer, the
+    token embeddings (always on the host) and anything else."""
+
+    layers: list[int] = Field(default_factory=list, max_length=MAX_LAYERS)
+    """Bytes of each repeating layer's tensors (blk.N.*), in layer order."""
+    output: int = Field(default=0, ge=0)
+    """Bytes of output.* and output_norm.* tensors."""
+    output_tied: bool = False
+    """True when there is no output.weight (the embeddings are reused for the output)."""
+    token_embedding: int = Field(default=0, ge=0)
+    """Bytes of token_embd.weight."""
+    other: int = Field(default=0, ge=0)
+    """Bytes of every other tensor."""
+
+    @classmethod
+    def from_tensors(cls, *, tensors: Mapping[str, int], n_layer: int) -> WeightLayout:
+        layers = [0] * n_layer
+        output = token_embedding = other = 0
+        for name, size in tensors.items():
+            block = _BLOCK_NAME.match(name)
+            if block and int(block[1]) < n_layer:
+                layers[int(block[1])] += size
+            elif name.startswith(("output.", "output_norm.")):
+                output += size
+            elif name == "token_embd.weight":
+                token_embedding += size
+            else:
+                other += size
+        return cls(
+            layers=layers,
+            output=output,
+            output_tied="output.weight" not in tensors,
+            token_embedding=token_embedding,
+            other=other,
+        )
+
+    def tensor_bytes(self) -> dict[str, int]:
+        """Synthetic per-tensor sizes that group exactly as the real tensors do."""
+        sizes = {f"blk.{i}.weights": size for i, size in enumerate(self.layers)}
+        sizes["output_norm.weight" if self.output_tied else "output.weight"] = self.output
+        sizes["token_embd.weight"] = self.token_embedding
+        sizes["other"] = self.other
+        return sizes
+
+
 class GGUFInfo(KamaModel):
     """Facts read from the GGUF header(s), merged over a shard set."""
 
@@ -405,6 +455,12 @@ class GGUFInfo(KamaModel):
     """Experts per layer (mixture of experts), if any."""
     expert_used_count: int | None = Field(default=None, ge=0)
     """Experts used per token, if any."""
+    feed_forward_length: int | None = Field(default=None, ge=0)
+    """Feed-forward width (the maximum when given per layer)."""
+    vocab_size: int | None = Field(default=None, ge=0)
+    """Tokens in the vocabulary."""
+    weights: WeightLayout | None = None
+    """Tensor bytes by layer, for placement."""
 
     @classmethod
     def from_facts(cls, facts: GGUFFacts) -> GGUFInfo:
@@ -424,6 +480,11 @@ class GGUFInfo(KamaModel):
             head_dim_v=facts.head_dim_v,
             expert_count=facts.n_expert,
             expert_used_count=facts.n_expert_used,
+            feed_forward_length=facts.n_ff,
+            vocab_size=facts.vocab_size,
+            weights=None
+            if facts.n_layer is None
+            else WeightLayout.from_tensors(tensors=facts.tensors, n_layer=facts.n_layer),
         )
 
 

@@ -197,6 +197,10 @@ class ModelDeploymentStatus(KamaModel):
     artifact_digest: str | None = Field(default=None, max_length=71)
     runtime_image: str | None = Field(default=None, max_length=512)
     fingerprint: str | None = Field(default=None, max_length=64)
+    ready: str | None = Field(default=None, max_length=32)
+    """Ready replicas / desired replicas, e.g. 1/2 (the READY column)."""
+    reason: str | None = Field(default=None, max_length=64)
+    """One word on what the deployment is doing or waiting for (the REASON column)."""
     endpoints: int = Field(default=0, ge=0)
     last_wake: datetime | None = None
     conditions: list[Condition] = Field(default_factory=list, max_length=16)

@@ -98,4 +98,4 @@ def test_scale_subresource_and_columns(crds: LocalStack, namespace: str) -> None
     header = (
         kubectl(crds, "get", "modeldeployments", "-n", namespace).stdout.splitlines()[0].split()
     )
-    assert header == ["NAME", "MODEL", "MODE", "READY", "DESIRED", "REASON", "AGE"]
+    assert header == ["NAME", "MODEL", "MODE", "READY", "REASON", "AGE"]

@@ -359,8 +359,14 @@ def test_gguf_info_from_facts() -> None:
         split_no=None,
         split_count=None,
         split_tensors_count=None,
-        tensor_bytes=500,
-        tensors={},
+        tensor_bytes=138,
+        tensors={
+            "token_embd.weight": 100,
+            "blk.0.attn_q.weight": 10,
+            "blk.1.attn_q.weight": 20,
+            "output_norm.weight": 5,
+            "rope_freqs.weight": 3,
+        },
     )
     info = GGUFInfo.from_facts(facts)
     assert info.model_dump(by_alias=True, exclude_none=True) == {
@@ -374,6 +380,15 @@ def test_gguf_info_from_facts() -> None:
         "headCountKV": 2,
         "headDimK": 16,
         "headDimV": 16,
+        "feedForwardLength": 128,
+        "vocabSize": 100,
+        "weights": {
+            "layers": [10, 20],
+            "output": 5,
+            "outputTied": True,
+            "tokenEmbedding": 100,
+            "other": 3,
+        },
     }
 
 

@@ -1,0 +1,178 @@
+"""Kubernetes as the serving plane sees it: what a ModelDeployment's workflow needs to
+read (its artifact's status, the nodes, its pods) and the few writes it makes (create
+a serving pod, mark one draining, set the replica count through `/scale`).
+
+Idempotent like every Kama activity: create→409 and delete→404 are success, a
+draining mark is a label merge-patch. Reads return plain data so the workflow can
+plan without I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client as k8s
+from temporalio import activity
+
+from activities.kube import ARTIFACTS, DEPLOYMENTS, ObjectRef
+from kama.api import GROUP, VERSION
+from kama.rollout import ObservedPod
+from kama.serving_pod import (
+    DRAINING_LABEL,
+    FINGERPRINT_LABEL,
+    ORDINAL_ANNOTATION,
+    serving_selector,
+)
+
+
+@dataclass(frozen=True)
+class InputsRequest:
+    namespace: str
+    artifact: str
+
+
+@dataclass(frozen=True)
+class DeploymentInputs:
+    artifact_status: dict[str, Any] | None  # None: the artifact does not exist
+    nodes: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class PodsRequest:
+    namespace: str
+    deployment: str
+
+
+@dataclass(frozen=True)
+class CreatePod:
+    manifest: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PodName:
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True)
+class ScaleRequest:
+    ref: ObjectRef
+    replicas: int
+
+
+def _node_facts(node: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a Node the planner reads (keeps workflow histories small)."""
+    meta, spec, status = node["metadata"], node.get("spec") or {}, node.get("status") or {}
+    return {
+        "metadata": {"name": meta["name"], "labels": meta.get("labels") or {}},
+        "spec": {k: spec[k] for k in ("taints", "unschedulable") if k in spec},
+        "status": {"allocatable": status.get("allocatable") or {}},
+    }
+
+
+def observed_pod(pod: dict[str, Any]) -> ObservedPod:
+    meta, status = pod["metadata"], pod.get("status") or {}
+    conditions = {c["type"]: c for c in status.get("conditions") or []}
+    scheduled = conditions.get("PodScheduled", {})
+    exit_reason = None
+    for container in status.get("containerStatuses") or []:
+        terminated = (container.get("state") or {}).get("terminated")
+        if terminated:
+            exit_reason = (
+                f"{container['name']} exited {terminated.get('exitCode')}"
+                f" ({terminated.get('reason') or 'Error'})"
+            )
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    return ObservedPod(
+        name=meta["name"],
+        fingerprint=labels.get(FINGERPRINT_LABEL, ""),
+        ordinal=int(annotations.get(ORDINAL_ANNOTATION, "0") or 0),
+        phase=status.get("phase") or "Pending",
+        ready=conditions.get("Ready", {}).get("status") == "True",
+        draining=labels.get(DRAINING_LABEL) == "true",
+        deleting=meta.get("deletionTimestamp") is not None,
+        unschedulable=scheduled.get("status") == "False"
+        and scheduled.get("reason") == "Unschedulable",
+        pod_ip=status.get("podIP"),
+        node=(pod.get("spec") or {}).get("nodeName"),
+        exit_reason=exit_reason,
+    )
+
+
+class ServingPodActivities:
+    def __init__(self, *, api: k8s.ApiClient) -> None:
+        self.api = api
+        self.core = k8s.CoreV1Api(api)
+        self.custom = k8s.CustomObjectsApi(api)
+
+    @activity.defn(name="Read artifact and nodes")
+    def read_inputs(self, request: InputsRequest) -> DeploymentInputs:
+        try:
+            artifact = self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, request.namespace, ARTIFACTS, request.artifact
+            )
+            artifact_status: dict[str, Any] | None = artifact.get("status") or {}
+        except k8s.ApiException as exc:
+            if exc.status != 404:
+                raise
+            artifact_status = None
+        nodes = self.api.sanitize_for_serialization(self.core.list_node().items)
+        return DeploymentInputs(
+            artifact_status=artifact_status, nodes=[_node_facts(n) for n in nodes]
+        )
+
+    @activity.defn(name="List serving pods")
+    def list_pods(self, request: PodsRequest) -> list[ObservedPod]:
+        pods = self.core.list_namespaced_pod(
+            request.namespace, label_selector=serving_selector(request.deployment)
+        )
+        raw = self.api.sanitize_for_serialization(pods.items)
+        return sorted((observed_pod(p) for p in raw), key=lambda p: p.name)
+
+    @activity.defn(name="Create serving pod")
+    def create_pod(self, request: CreatePod) -> None:
+        namespace = request.manifest["metadata"]["namespace"]
+        try:
+            self.core.create_namespaced_pod(namespace, request.manifest)
+        except k8s.ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    @activity.defn(name="Mark pod draining")
+    def mark_draining(self, pod: PodName) -> str | None:
+        """Label the pod so routers stop choosing it; its IP, or None when it is gone."""
+        try:
+            patched = self.core.patch_namespaced_pod(
+                pod.name, pod.namespace, {"metadata": {"labels": {DRAINING_LABEL: "true"}}}
+            )
+        except k8s.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        ip: str | None = patched.status.pod_ip if patched.status else None
+        return ip
+
+    @activity.defn(name="Delete serving pod")
+    def delete_pod(self, pod: PodName) -> None:
+        try:
+            self.core.delete_namespaced_pod(pod.name, pod.namespace)
+        except k8s.ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    @activity.defn(name="Set deployment replicas")
+    def set_replicas(self, request: ScaleRequest) -> None:
+        """Write spec.replicas through the /scale subresource, as `kubectl scale` does."""
+        try:
+            self.custom.patch_namespaced_custom_object_scale(
+                GROUP,
+                VERSION,
+                request.ref.namespace,
+                DEPLOYMENTS,
+                request.ref.name,
+                {"spec": {"replicas": request.replicas}},
+                _content_type="application/merge-patch+json",
+            )
+        except k8s.ApiException as exc:
+            if exc.status != 404:
+                raise

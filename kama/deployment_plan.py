@@ -1,0 +1,269 @@
+"""From a ModelDeployment's spec, its artifact's status and the cluster's nodes to a
+decision: the placement plan (chosen profile and every rejected candidate), the
+serving template of one replica, and the status fields that report them.
+
+This is the "pure plan" half of the DeploymentWorkflow: the workflow reads inputs
+through activities, calls `decide_deployment`, and then executes. No I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Final
+
+from kama.api import GGUFInfo, ModelArtifactStatus
+from kama.api.deployment import ModelDeploymentSpec, RejectedCandidate, ResolvedProfile, Runtime
+from kama.durations import parse_duration
+from kama.memory import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_MICRO_BATCH_SIZE,
+    ModelFacts,
+    RuntimeEnvelope,
+    format_bytes,
+)
+from kama.planner import (
+    Placement,
+    PlacementPlan,
+    Profile,
+    ProfileMode,
+    node_from_k8s,
+    plan_placement,
+    serving_plan,
+)
+from kama.serving_pod import ServingTemplate
+
+MAX_REJECTED_IN_STATUS: Final = 64
+
+
+class ArtifactNotUsable(ValueError):
+    """The artifact is Ready but lacks what placement needs (facts or location)."""
+
+
+def model_facts(info: GGUFInfo) -> ModelFacts:
+    required = {
+        "layers": info.layers,
+        "embeddingLength": info.embedding_length,
+        "headCount": info.head_count,
+        "headCountKV": info.head_count_kv,
+        "headDimK": info.head_dim_k,
+        "headDimV": info.head_dim_v,
+        "contextLength": info.context_length,
+        "vocabSize": info.vocab_size,
+        "weights": info.weights,
+    }
+    missing = [name for name, value in required.items() if value is None]
+    if missing:
+        raise ArtifactNotUsable(f"artifact status.gguf lacks {', '.join(missing)}")
+    assert info.layers is not None and info.embedding_length is not None
+    assert info.head_count is not None and info.head_count_kv is not None
+    assert info.head_dim_k is not None and info.head_dim_v is not None
+    assert info.context_length is not None and info.vocab_size is not None
+    assert info.weights is not None
+    return ModelFacts(
+        n_layer=info.layers,
+        n_embd=info.embedding_length,
+        n_head=info.head_count,
+        n_head_kv=info.head_count_kv,
+        head_dim_k=info.head_dim_k,
+        head_dim_v=info.head_dim_v,
+        n_ctx_train=info.context_length,
+        n_vocab=info.vocab_size,
+        tensor_bytes=info.weights.tensor_bytes(),
+        n_ff=info.feed_forward_length,
+        n_expert=info.expert_count,
+        file_type=info.file_type,
+    )
+
+
+def runtime_envelope(runtime: Runtime) -> RuntimeEnvelope:
+    batch = runtime.batch_size or DEFAULT_BATCH_SIZE
+    return RuntimeEnvelope(
+        context_size=runtime.context_size,
+        concurrency=runtime.concurrency,
+        kv_key_type=runtime.kv_cache.key_type,
+        kv_value_type=runtime.kv_cache.value_type,
+        batch_size=batch,
+        micro_batch_size=runtime.micro_batch_size or min(DEFAULT_MICRO_BATCH_SIZE, batch),
+        flash_attention=runtime.flash_attention,
+        threads=runtime.threads,
+    )
+
+
+def _expression_matches(expression: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    key, operator = expression.get("key", ""), expression.get("operator", "")
+    values = list(expression.get("values") or [])
+    if operator == "In":
+        return labels.get(key) in values
+    if operator == "NotIn":
+        return labels.get(key) not in values
+    if operator == "Exists":
+        return key in labels
+    if operator == "DoesNotExist":
+        return key not in labels
+    return False
+
+
+def nodes_that_mount(
+    *, affinity: Mapping[str, Any] | None, nodes: Sequence[Mapping[str, Any]]
+) -> frozenset[str] | None:
+    """Nodes allowed by the artifact claim's node affinity (a local PV's); None = all."""
+    if not affinity:
+        return None
+    terms = (affinity.get("required") or {}).get("nodeSelectorTerms") or []
+    if not terms:
+        return None
+    allowed = set()
+    for node in nodes:
+        meta = node.get("metadata", {})
+        labels = {**(meta.get("labels") or {}), "kubernetes.io/hostname": meta.get("name", "")}
+        if any(
+            all(_expression_matches(e, labels) for e in term.get("matchExpressions") or [])
+            for term in terms
+        ):
+            allowed.add(str(meta.get("name")))
+    return frozenset(allowed)
+
+
+def entrypoint_of(status: ModelArtifactStatus) -> str:
+    ggufs = sorted(f.path for f in status.files if f.path.endswith(".gguf"))
+    if not ggufs:
+        raise ArtifactNotUsable("artifact status lists no .gguf file")
+    return ggufs[0]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeploymentDecision:
+    plan: PlacementPlan
+    template: ServingTemplate | None
+    profile: dict[str, Any] | None  # status.profile
+    rejected: list[dict[str, Any]]  # status.rejectedCandidates
+
+    @property
+    def degraded_reason(self) -> str | None:
+        """Why the replica is not wholly on GPU; CPU is degraded even when asked for."""
+        selected = self.plan.selected
+        if selected is None:
+            return None
+        if selected.degraded_reason is None and selected.mode is ProfileMode.CPU:
+            return "CPU only, as placement.mode CPU asks"
+        return selected.degraded_reason
+
+
+def _profile_status(profile: Profile) -> dict[str, Any]:
+    mode = {ProfileMode.CPU: "CPU", ProfileMode.GPU: "GPU", ProfileMode.HYBRID: "Hybrid"}
+    resolved = ResolvedProfile(
+        mode=mode[profile.mode],
+        node=profile.node,
+        gpus_per_replica=profile.gpus_per_replica,
+        gpu_layers=profile.n_gpu_layers,
+        split_mode=str(profile.split_mode) if profile.gpus_per_replica else None,
+        tensor_split=[float(p) for p in profile.tensor_split],
+        estimated_ram_bytes=profile.ram_bytes,
+        estimated_vram_bytes_per_gpu=profile.vram_bytes_per_gpu,
+        available_ram_bytes=profile.ram_available_bytes,
+        available_vram_bytes_per_gpu=profile.vram_available_bytes_per_gpu or None,
+        decision=profile.decision,
+    )
+    return resolved.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _rejected_status(plan: PlacementPlan) -> list[dict[str, Any]]:
+    return [
+        RejectedCandidate(
+            candidate=r.candidate,
+            node=r.node,
+            reason=r.reason[:1024],
+            required_bytes=r.required if r.resource in ("memory", "gpu-memory") else None,
+            available_bytes=r.available if r.resource in ("memory", "gpu-memory") else None,
+        ).model_dump(mode="json", by_alias=True, exclude_none=True)
+        for r in plan.rejected[:MAX_REJECTED_IN_STATUS]
+    ]
+
+
+def decide_deployment(
+    *,
+    spec: ModelDeploymentSpec,
+    artifact: ModelArtifactStatus,
+    nodes: Sequence[Mapping[str, Any]],
+    image: str,
+) -> DeploymentDecision:
+    """Plan one replica and build its template; FitFailed gives no template."""
+    if artifact.gguf is None or artifact.serving_location is None or not artifact.manifest_digest:
+        raise ArtifactNotUsable("artifact status lacks gguf facts, servingLocation or digest")
+    facts = model_facts(artifact.gguf)
+    envelope = runtime_envelope(spec.runtime)
+    location = artifact.serving_location
+    placement = Placement(
+        mode=spec.placement.mode,
+        policy=spec.placement.policy,
+        max_gpus_per_replica=spec.placement.max_gpus_per_replica,
+        node_selector=spec.placement.node_selector,
+        tolerations=tuple(
+            (t.key or "", str(t.operator), t.value or "", str(t.effect or ""))
+            for t in spec.placement.tolerations
+        ),
+        allowed_nodes=nodes_that_mount(affinity=location.node_affinity, nodes=nodes),
+    )
+    plan = plan_placement(
+        model=facts,
+        envelope=envelope,
+        placement=placement,
+        nodes=[node_from_k8s(n) for n in nodes],
+    )
+    rejected = _rejected_status(plan)
+    if plan.selected is None:
+        return DeploymentDecision(plan=plan, template=None, profile=None, rejected=rejected)
+    profile = plan.selected
+    runtime_plan = replace(
+        serving_plan(
+            profile,
+            entrypoint=entrypoint_of(artifact),
+            manifest_digest=artifact.manifest_digest.removeprefix("sha256:"),
+        ),
+        drain_timeout_s=parse_duration(spec.scaling.drain_timeout).total_seconds(),
+    )
+    template = ServingTemplate(
+        image=image,
+        plan=runtime_plan,
+        claim_name=location.claim_name,
+        sub_path=location.sub_path,
+        cpu_request=spec.resources.cpu or f"{profile.cpu_millicores}m",
+        memory_request=spec.resources.memory or str(profile.ram_bytes),
+        memory_limit=spec.resources.memory_limit,
+        gpus=profile.gpus_per_replica,
+        gpu_product=profile.gpu_product,
+        node_selector=dict(spec.placement.node_selector),
+        tolerations=[
+            t.model_dump(mode="json", by_alias=True, exclude_none=True)
+            for t in spec.placement.tolerations
+        ],
+    )
+    return DeploymentDecision(
+        plan=plan, template=template, profile=_profile_status(profile), rejected=rejected
+    )
+
+
+def describe_profile(profile: Profile) -> str:
+    where = (
+        f"{profile.gpus_per_replica} GPU(s), {profile.n_gpu_layers}/{profile.total_layers} layers"
+        if profile.gpus_per_replica
+        else "CPU"
+    )
+    return f"{profile.mode} on {where}: estimated RAM {format_bytes(profile.ram_bytes)}" + (
+        f", VRAM {format_bytes(profile.vram_bytes_per_gpu)} per GPU"
+        if profile.gpus_per_replica
+        else ""
+    )
+
+
+def headline_reason(conditions: Sequence[Mapping[str, Any]]) -> str | None:
+    """The REASON column: the first thing in the way, else what the runtime is doing."""
+    by_type = {c.get("type"): c for c in conditions}
+    artifact, fit = by_type.get("ArtifactReady"), by_type.get("FitFailed")
+    if artifact is not None and artifact.get("status") == "False":
+        return str(artifact.get("reason"))
+    if fit is not None and fit.get("status") == "True":
+        return "FitFailed"
+    runtime = by_type.get("RuntimeReady")
+    return None if runtime is None else str(runtime.get("reason"))

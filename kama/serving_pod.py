@@ -1,0 +1,194 @@
+"""The serving pod of a ModelDeployment, as data.
+
+Kama manages serving pods directly. Everything that makes one replica what it is
+(runtime image, serving plan, artifact location, resources, GPU binding,
+scheduling constraints) is a `ServingTemplate`; its fingerprint goes into a label,
+so a changed template means a rollout and an unchanged one means nothing to do.
+Pod names are `<deployment>-<fingerprint>-<ordinal>`, so re-running the activity
+that creates one is harmless. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final
+
+from kama.serving_plan import LLAMA_PORT, MODELS_DIR, SUPERVISOR_PORT, ServingPlan
+
+API_VERSION: Final = "kama.dev/v1alpha1"
+MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
+ROLE_LABEL: Final = "kama.dev/role"
+SERVER_ROLE: Final = "server"
+DEPLOYMENT_LABEL: Final = "kama.dev/deployment"
+FINGERPRINT_LABEL: Final = "kama.dev/fingerprint"
+DRAINING_LABEL: Final = "kama.dev/draining"
+ORDINAL_ANNOTATION: Final = "kama.dev/ordinal"
+ARGS_ANNOTATION: Final = "kama.dev/llama-server-args"
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
+RUNTIME_USER: Final = 65532
+GRACE_BEYOND_DRAIN_S: Final = 15
+FINGERPRINT_CHARS: Final = 10
+MAX_NAME_PREFIX: Final = 40
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServingTemplate:
+    """What one replica is; two pods with equal templates are interchangeable."""
+
+    image: str
+    plan: ServingPlan
+    claim_name: str
+    sub_path: str
+    cpu_request: str
+    memory_request: str
+    memory_limit: str | None = None
+    gpus: int = 0
+    gpu_product: str | None = None
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+
+    def fingerprint(self) -> str:
+        canonical = json.dumps(asdict(self), sort_keys=True, default=str)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:FINGERPRINT_CHARS]
+
+
+def serving_selector(deployment: str) -> str:
+    return f"{DEPLOYMENT_LABEL}={deployment},{ROLE_LABEL}={SERVER_ROLE}"
+
+
+def serving_pod_name(*, deployment: str, fingerprint: str, ordinal: int) -> str:
+    return f"{deployment[:MAX_NAME_PREFIX].rstrip('-.')}-{fingerprint}-{ordinal}"
+
+
+def _resources(template: ServingTemplate) -> dict[str, Any]:
+    requests: dict[str, str] = {"cpu": template.cpu_request, "memory": template.memory_request}
+    limits: dict[str, str] = {}
+    if template.memory_limit:
+        limits["memory"] = template.memory_limit
+    if template.gpus:
+        requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(template.gpus)
+    return {"requests": requests, **({"limits": limits} if limits else {})}
+
+
+def _affinity(template: ServingTemplate) -> dict[str, Any] | None:
+    if not template.gpus or not template.gpu_product:
+        return None
+    term = {"key": GPU_PRODUCT_LABEL, "operator": "In", "values": [template.gpu_product]}
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [term]}]
+            }
+        }
+    }
+
+
+def serving_pod_manifest(
+    *,
+    template: ServingTemplate,
+    namespace: str,
+    deployment: str,
+    deployment_uid: str,
+    ordinal: int,
+) -> dict[str, Any]:
+    """The Pod for replica `ordinal`: non-root, read-only root filesystem, no
+    privilege escalation, no service-account token, the artifact read-only at
+    /models, readiness from the runtime supervisor (llama-server health + props)."""
+    fingerprint = template.fingerprint()
+    plan = template.plan
+    args = plan.llama_server_args(host="$(POD_IP)", port=LLAMA_PORT)
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",  # a crashed replica is replaced by Kama, visibly
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": int(plan.drain_timeout_s) + GRACE_BEYOND_DRAIN_S,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUNTIME_USER,
+            "runAsGroup": RUNTIME_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [
+            {
+                "name": "runtime",
+                "image": template.image,
+                "args": ["runtime"],
+                "env": [
+                    {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                    {"name": "KAMA_SERVING_PLAN", "value": plan.to_json()},
+                ],
+                "ports": [
+                    {"name": "http", "containerPort": LLAMA_PORT},
+                    {"name": "supervisor", "containerPort": SUPERVISOR_PORT},
+                ],
+                "readinessProbe": {
+                    "httpGet": {"path": "/readyz", "port": SUPERVISOR_PORT},
+                    "periodSeconds": 1,
+                    "failureThreshold": 2,
+                },
+                "livenessProbe": {
+                    "httpGet": {"path": "/livez", "port": SUPERVISOR_PORT},
+                    "periodSeconds": 10,
+                    "failureThreshold": 3,
+                },
+                "resources": _resources(template),
+                "securityContext": {
+                    "readOnlyRootFilesystem": True,
+                    "allowPrivilegeEscalation": False,
+                    "capabilities": {"drop": ["ALL"]},
+                },
+                "volumeMounts": [
+                    {
+                        "name": "model",
+                        "mountPath": MODELS_DIR,
+                        "subPath": template.sub_path,
+                        "readOnly": True,
+                    }
+                ],
+            }
+        ],
+        "volumes": [
+            {
+                "name": "model",
+                "persistentVolumeClaim": {"claimName": template.claim_name, "readOnly": True},
+            }
+        ],
+    }
+    if template.node_selector:
+        spec["nodeSelector"] = dict(template.node_selector)
+    if template.tolerations:
+        spec["tolerations"] = list(template.tolerations)
+    affinity = _affinity(template)
+    if affinity:
+        spec["affinity"] = affinity
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": serving_pod_name(
+                deployment=deployment, fingerprint=fingerprint, ordinal=ordinal
+            ),
+            "namespace": namespace,
+            "labels": {
+                MANAGED_BY_LABEL: "kama",
+                ROLE_LABEL: SERVER_ROLE,
+                DEPLOYMENT_LABEL: deployment,
+                FINGERPRINT_LABEL: fingerprint,
+            },
+            "annotations": {ORDINAL_ANNOTATION: str(ordinal), ARGS_ANNOTATION: " ".join(args)},
+            "ownerReferences": [
+                {
+                    "apiVersion": API_VERSION,
+                    "kind": "ModelDeployment",
+                    "name": deployment,
+                    "uid": deployment_uid,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": spec,
+    }

@@ -1,0 +1,415 @@
+"""The serving plane on the local stack: a ModelDeployment becomes placed, ready
+llama-server pods (real scheduler, real runtime supervisor, real llama-server),
+follows `kubectl scale`, rolls out a spec change without failing a request,
+replaces a killed server, binds GPU replicas where the planner said, reports a
+FitFailed with numbers, and drains its pods on deletion while the artifact stays."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+
+from kama.serving_plan import LLAMA_PORT
+from kama.testing.gguf_factory import ModelShape, write_model
+from localstack.stack import GPUNode
+from tests.conftest import KamaControl
+from tests.integration.test_artifact_plane import cache, condition, hf_artifact, wait_condition
+from tests.support import apply, eventually, get_json, kubectl
+
+SERVE_TIMEOUT = 180
+
+
+def deployment(namespace: str, name: str, artifact: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "kama.dev/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"modelRef": {"name": artifact}, **spec},
+    }
+
+
+def ready_artifact(
+    control: KamaControl, namespace: str, tmp_path: Path, *, name: str, seed: int, n_ctx: int = 4096
+) -> dict[str, Any]:
+    repo = f"acme/serve-{uuid.uuid4().hex[:6]}"
+    model = write_model(
+        tmp_path / f"{name}.gguf", shape=ModelShape(n_layer=2, n_head_kv=2, n_ctx=n_ctx, seed=seed)
+    )
+    control.hub.add_repo(repo, {"model.gguf": model})
+    apply(control.stack, cache(namespace), hf_artifact(namespace, name, repo, ["model.gguf"]))
+    return wait_condition(control, namespace, name, "Ready")
+
+
+def md(control: KamaControl, namespace: str, name: str) -> dict[str, Any]:
+    control.worker.check_alive()
+    obj: dict[str, Any] = get_json(control.stack, "modeldeployment", name, "-n", namespace)
+    return obj
+
+
+def serving_pods(control: KamaControl, namespace: str, name: str) -> list[dict[str, Any]]:
+    pods: list[dict[str, Any]] = get_json(
+        control.stack, "pods", "-n", namespace, "-l", f"kama.dev/deployment={name}"
+    )["items"]
+    return pods
+
+
+def is_ready(pod: dict[str, Any]) -> bool:
+    conditions = pod.get("status", {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def routable(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What a router may use: ready, not draining, not being deleted."""
+    return [
+        p
+        for p in pods
+        if is_ready(p)
+        and p["metadata"].get("labels", {}).get("kama.dev/draining") != "true"
+        and not p["metadata"].get("deletionTimestamp")
+    ]
+
+
+def wait_ready(control: KamaControl, namespace: str, name: str, replicas: int) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        obj = md(control, namespace, name)
+        status = obj.get("status", {})
+        fingerprint = status.get("fingerprint")
+        pods = serving_pods(control, namespace, name)
+        current = [
+            p
+            for p in routable(pods)
+            if p["metadata"]["labels"]["kama.dev/fingerprint"] == fingerprint
+        ]
+        ok = (
+            status.get("readyReplicas") == replicas
+            and len(current) == replicas
+            and len(pods) == replicas
+            and (condition(obj, "RuntimeReady") or {}).get("status") == "True"
+        )
+        return obj if ok else None
+
+    return eventually(
+        check, timeout=SERVE_TIMEOUT, what=f"{name} {replicas}/{replicas} ready", interval=0.5
+    )
+
+
+def chat(pod_ip: str) -> str:
+    client = openai.OpenAI(
+        base_url=f"http://{pod_ip}:{LLAMA_PORT}/v1", api_key="unused", max_retries=0
+    )
+    reply = client.chat.completions.create(
+        model="any", messages=[{"role": "user", "content": "hello"}], max_tokens=8
+    )
+    return reply.choices[0].message.content or ""
+
+
+def llama_server_pid(pod_ip: str) -> int | None:
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"llama-server") and pod_ip.encode() in argv:
+            return int(entry.name)
+    return None
+
+
+def test_cpu_deployment_serves_scales_rolls_out_and_drains(
+    kama_control: KamaControl, namespace: str, tmp_path: Path
+) -> None:
+    control = kama_control
+    artifact = ready_artifact(control, namespace, tmp_path, name="tiny", seed=61)
+    apply(
+        control.stack,
+        deployment(
+            namespace,
+            "chat",
+            "tiny",
+            replicas=1,
+            runtime={"contextSize": 512, "concurrency": 2},
+            resources={"cpu": "100m"},
+            scaling={"maxReplicas": 3, "drainTimeout": "30s"},
+        ),
+    )
+    obj = wait_ready(control, namespace, "chat", 1)
+    status = obj["status"]
+    assert status["profile"]["mode"] == "CPU" and status["profile"]["estimatedRamBytes"] > 0
+    assert status["artifactDigest"] == artifact["status"]["manifestDigest"]
+    assert condition(obj, "Placed")["status"] == "True"  # type: ignore[index]
+    degraded = condition(obj, "Degraded")
+    assert degraded and degraded["status"] == "True" and "CPU" in degraded["message"]
+    table = kubectl(control.stack, "get", "modeldeployments", "-n", namespace).stdout
+    row = next(line.split() for line in table.splitlines() if line.startswith("chat"))
+    assert row[1:5] == ["tiny", "CPU", "1/1", "AllReplicasReady"], table
+
+    (pod,) = serving_pods(control, namespace, "chat")
+    spec = pod["spec"]
+    container = spec["containers"][0]
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["volumeMounts"][0]["mountPath"] == "/models"
+    assert container["volumeMounts"][0]["readOnly"] is True
+    owner = pod["metadata"]["ownerReferences"][0]
+    assert owner["kind"] == "ModelDeployment" and owner["uid"] == obj["metadata"]["uid"]
+    args = pod["metadata"]["annotations"]["kama.dev/llama-server-args"]
+    assert "--ctx-size 1024 --parallel 2" in args and "--fit off" in args
+    assert chat(pod["status"]["podIP"])
+
+    # kubectl scale → two ready pods
+    kubectl(control.stack, "scale", "modeldeployment", "chat", "-n", namespace, "--replicas=2")
+    wait_ready(control, namespace, "chat", 2)
+    old_fingerprint = md(control, namespace, "chat")["status"]["fingerprint"]
+
+    # a spec change rolls out while a client keeps sending requests to routable pods
+    stop = threading.Event()
+    outcomes: list[tuple[str, str]] = []
+
+    def client_loop() -> None:
+        with httpx.Client(timeout=30) as http:
+            while not stop.is_set():
+                targets = routable(serving_pods(control, namespace, "chat"))
+                if not targets:
+                    outcomes.append(("no-endpoint", ""))
+                    continue
+                pod = targets[len(outcomes) % len(targets)]
+                try:
+                    r = http.post(
+                        f"http://{pod['status']['podIP']}:{LLAMA_PORT}/v1/completions",
+                        json={"prompt": "once upon", "max_tokens": 16},
+                    )
+                    outcomes.append(
+                        (str(r.status_code), pod["metadata"]["labels"]["kama.dev/fingerprint"])
+                    )
+                except httpx.HTTPError as exc:
+                    outcomes.append((type(exc).__name__, pod["metadata"]["name"]))
+
+    loop = threading.Thread(target=client_loop)
+    loop.start()
+    try:
+        kubectl(
+            control.stack,
+            "patch",
+            "modeldeployment",
+            "chat",
+            "-n",
+            namespace,
+            "--type=merge",
+            "-p",
+            json.dumps({"spec": {"runtime": {"concurrency": 3}}}),
+        )
+
+        def rolled_out() -> dict[str, Any] | None:
+            obj = md(control, namespace, "chat")
+            if obj["status"].get("fingerprint") == old_fingerprint:
+                return None
+            pods = serving_pods(control, namespace, "chat")
+            fingerprints = {p["metadata"]["labels"]["kama.dev/fingerprint"] for p in pods}
+            done = fingerprints == {obj["status"]["fingerprint"]} and len(routable(pods)) == 2
+            return obj if done and obj["status"].get("readyReplicas") == 2 else None
+
+        new = eventually(
+            rolled_out, timeout=SERVE_TIMEOUT, what="the rollout to finish", interval=0.5
+        )
+    finally:
+        stop.set()
+        loop.join(timeout=60)
+    failures = [o for o in outcomes if o[0] != "200"]
+    assert not failures, f"{len(failures)} of {len(outcomes)} requests failed: {failures[:5]}"
+    served_by = {fp for _, fp in outcomes}
+    assert old_fingerprint in served_by and new["status"]["fingerprint"] in served_by, (
+        "requests were answered by the old pods, then by the new ones"
+    )
+    args = serving_pods(control, namespace, "chat")[0]["metadata"]["annotations"][
+        "kama.dev/llama-server-args"
+    ]
+    assert "--ctx-size 1536 --parallel 3" in args
+
+    # deleting the deployment drains and deletes its pods; the artifact stays Ready
+    kubectl(control.stack, "delete", "modeldeployment", "chat", "-n", namespace, "--timeout=120s")
+    assert serving_pods(control, namespace, "chat") == []
+    assert (
+        condition(get_json(control.stack, "modelartifact", "tiny", "-n", namespace), "Ready") or {}
+    )["status"] == "True"
+
+
+def test_killed_llama_server_is_replaced(
+    kama_control: KamaControl, namespace: str, tmp_path: Path
+) -> None:
+    control = kama_control
+    ready_artifact(control, namespace, tmp_path, name="fragile", seed=62)
+    apply(
+        control.stack,
+        deployment(
+            namespace,
+            "fragile",
+            "fragile",
+            replicas=1,
+            runtime={"contextSize": 256},
+            resources={"cpu": "100m"},
+            scaling={"drainTimeout": "10s"},
+        ),
+    )
+    wait_ready(control, namespace, "fragile", 1)
+    (before,) = serving_pods(control, namespace, "fragile")
+    pid = llama_server_pid(before["status"]["podIP"])
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+
+    def replaced() -> dict[str, Any] | None:
+        pods = routable(serving_pods(control, namespace, "fragile"))
+        return (
+            pods[0]
+            if len(pods) == 1 and pods[0]["metadata"]["uid"] != before["metadata"]["uid"]
+            else None
+        )
+
+    after = eventually(replaced, timeout=SERVE_TIMEOUT, what="a replacement pod", interval=0.5)
+    assert after["metadata"]["name"] != before["metadata"]["name"]
+    obj = wait_ready(control, namespace, "fragile", 1)
+    assert chat(after["status"]["podIP"])
+    events = kubectl(
+        control.stack,
+        "get",
+        "events",
+        "-n",
+        namespace,
+        "--field-selector",
+        "involvedObject.name=fragile",
+    ).stdout
+    assert "RuntimeReady" in events
+    assert obj["status"]["readyReplicas"] == 1
+
+
+def test_unready_artifact_and_fit_failure_create_no_pods(
+    kama_control: KamaControl, namespace: str, tmp_path: Path
+) -> None:
+    control = kama_control
+    apply(control.stack, deployment(namespace, "orphan", "missing", replicas=1))
+
+    def artifact_not_ready() -> dict[str, Any] | None:
+        found = condition(md(control, namespace, "orphan"), "ArtifactReady")
+        return found if found and found["status"] == "False" else None
+
+    found = eventually(artifact_not_ready, timeout=60, what="ArtifactReady=False")
+    assert "missing" in found["message"]
+
+    ready_artifact(control, namespace, tmp_path, name="small", seed=63)
+    apply(
+        control.stack,
+        deployment(
+            namespace,
+            "huge",
+            "small",
+            replicas=1,
+            placement={"mode": "CPU"},
+            runtime={
+                "contextSize": 1 << 22,
+                "concurrency": 256,
+                "kvCache": {"keyType": "f32", "valueType": "f32"},
+            },
+        ),
+    )
+
+    def fit_failed() -> dict[str, Any] | None:
+        obj = md(control, namespace, "huge")
+        found = condition(obj, "FitFailed")
+        return obj if found and found["status"] == "True" else None
+
+    obj = eventually(fit_failed, timeout=60, what="FitFailed=True")
+    message = condition(obj, "FitFailed")["message"]  # type: ignore[index]
+    assert "GiB" in message or "TiB" in message
+    rejected = obj["status"]["rejectedCandidates"]
+    assert rejected and all(
+        r["requiredBytes"] > r["availableBytes"] for r in rejected if "requiredBytes" in r
+    )
+    assert serving_pods(control, namespace, "huge") == []
+    assert serving_pods(control, namespace, "orphan") == []
+    events = kubectl(
+        control.stack,
+        "get",
+        "events",
+        "-n",
+        namespace,
+        "--field-selector",
+        "involvedObject.name=huge",
+    ).stdout
+    assert "FitFailed" in events
+
+
+def test_gpu_deployment_is_bound_where_the_planner_chose(
+    kama_control: KamaControl, namespace: str, tmp_path: Path
+) -> None:
+    control = kama_control
+    small = GPUNode(
+        name=f"gpu-l4-{uuid.uuid4().hex[:4]}", gpus=1, product="NVIDIA-L4", memory_mib=23034
+    )
+    big = GPUNode(name=f"gpu-h100-{uuid.uuid4().hex[:4]}", gpus=4)
+    control.stack.add_gpu_node(small)
+    control.stack.add_gpu_node(big)
+    try:
+        ready_artifact(control, namespace, tmp_path, name="gpu-model", seed=64)
+        # 32k context x 8 slots of f32 KV does not fit the 22.5 GiB L4, fits one H100
+        apply(
+            control.stack,
+            deployment(
+                namespace,
+                "gpu",
+                "gpu-model",
+                replicas=1,
+                placement={"mode": "GPU"},
+                runtime={
+                    "contextSize": 32768,
+                    "concurrency": 8,
+                    "kvCache": {"keyType": "f32", "valueType": "f32"},
+                },
+            ),
+        )
+
+        def bound() -> dict[str, Any] | None:
+            pods = serving_pods(control, namespace, "gpu")
+            return pods[0] if len(pods) == 1 and pods[0]["spec"].get("nodeName") else None
+
+        pod = eventually(bound, timeout=SERVE_TIMEOUT, what="the GPU pod to be scheduled")
+        status = md(control, namespace, "gpu")["status"]
+        profile = status["profile"]
+        assert profile["mode"] == "GPU" and profile["node"] == big.name == pod["spec"]["nodeName"]
+        assert profile["gpusPerReplica"] == 1
+        resources = pod["spec"]["containers"][0]["resources"]
+        assert resources["limits"]["nvidia.com/gpu"] == "1"
+        terms = pod["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]
+        assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == [big.product]
+        args = pod["metadata"]["annotations"]["kama.dev/llama-server-args"]
+        assert f"--n-gpu-layers {profile['gpuLayers']}" in args and profile["gpuLayers"] == 3
+        assert "--ctx-size 262144 --parallel 8" in args and "--cache-type-k f32" in args
+        assert any(r["node"] == small.name for r in status["rejectedCandidates"])
+        obj = md(control, namespace, "gpu")
+        assert (condition(obj, "Degraded") or {}).get("status") == "False"
+    finally:
+        kubectl(control.stack, "delete", "modeldeployment", "gpu", "-n", namespace, "--wait=false")
+        for pod in serving_pods(control, namespace, "gpu"):  # nothing runs on a fake node
+            kubectl(
+                control.stack,
+                "delete",
+                "pod",
+                pod["metadata"]["name"],
+                "-n",
+                namespace,
+                "--grace-period=0",
+                "--force",
+            )
+        for node in (small, big):
+            kubectl(control.stack, "delete", "node", node.name, "--wait=false")

@@ -1,0 +1,307 @@
+"""Pure serving-plane decisions: the rollout policy, serving pod manifests and
+fingerprints, the deployment decision from artifact status and Node objects, and
+durations."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kama.api import GGUFInfo, ModelArtifactStatus
+from kama.api.deployment import ModelDeploymentSpec
+from kama.deployment_plan import (
+    ArtifactNotUsable,
+    decide_deployment,
+    headline_reason,
+    model_facts,
+    nodes_that_mount,
+    runtime_envelope,
+)
+from kama.durations import parse_duration
+from kama.gguf import inspect_file
+from kama.memory import ModelFacts, estimate_memory
+from kama.rollout import ObservedPod, plan_rollout
+from kama.serving_plan import ServingPlan
+from kama.serving_pod import ServingTemplate, serving_pod_manifest
+from kama.testing.gguf_factory import ModelShape, write_model
+
+FP, OLD = "newnewnew0", "oldoldold0"
+
+
+def pod(name: str, fingerprint: str = FP, *, ready: bool = True, **kw: Any) -> ObservedPod:
+    ordinal = int(name.rsplit("-", 1)[-1])
+    return ObservedPod(
+        name=name,
+        fingerprint=fingerprint,
+        ordinal=ordinal,
+        phase=kw.pop("phase", "Running"),
+        ready=ready,
+        **kw,
+    )
+
+
+def test_first_rollout_creates_desired_replicas() -> None:
+    step = plan_rollout(pods=[], fingerprint=FP, desired=2, next_ordinal=0)
+    assert step.create == (0, 1) and not step.drain and not step.converged
+    assert step.waiting_for == "2 replica(s) starting"
+
+
+def test_converged_when_current_pods_ready() -> None:
+    step = plan_rollout(pods=[pod("m-0"), pod("m-1")], fingerprint=FP, desired=2, next_ordinal=2)
+    assert step.idle and step.converged and step.ready == 2
+
+
+def test_old_pods_keep_serving_until_new_ones_are_ready() -> None:
+    pods = [pod("m-0", OLD), pod("m-1", OLD), pod("m-2", ready=False), pod("m-3")]
+    step = plan_rollout(pods=pods, fingerprint=FP, desired=2, next_ordinal=4)
+    assert step.create == () and step.drain == () and not step.converged
+    pods[2] = pod("m-2")
+    step = plan_rollout(pods=pods, fingerprint=FP, desired=2, next_ordinal=4)
+    assert step.drain == ("m-0", "m-1") and not step.converged
+
+
+def test_not_ready_old_pods_are_drained_at_once() -> None:
+    pods = [pod("m-0", OLD, ready=False), pod("m-1", OLD), pod("m-2", ready=False)]
+    step = plan_rollout(pods=pods, fingerprint=FP, desired=2, next_ordinal=3)
+    assert step.drain == ("m-0",) and step.create == (3,)
+
+
+def test_drain_first_when_new_pod_cannot_be_scheduled() -> None:
+    pods = [pod("m-0", OLD), pod("m-1", OLD), pod("m-2", ready=False, unschedulable=True)]
+    pods.append(pod("m-3", ready=False, unschedulable=True))
+    step = plan_rollout(pods=pods, fingerprint=FP, desired=2, next_ordinal=4)
+    assert step.drain == ("m-1",), "one old pod makes room"
+    draining = [dataclasses.replace(pods[1], draining=True), pods[0], pods[2], pods[3]]
+    step = plan_rollout(pods=draining, fingerprint=FP, desired=2, next_ordinal=4)
+    assert step.drain == (), "one at a time"
+
+
+def test_failed_pods_are_removed_and_replaced() -> None:
+    pods = [pod("m-0", phase="Failed", ready=False), pod("m-1")]
+    step = plan_rollout(pods=pods, fingerprint=FP, desired=2, next_ordinal=2)
+    assert step.remove == ("m-0",) and step.create == (2,)
+
+
+def test_scale_down_drains_not_ready_then_newest() -> None:
+    pods = [pod("m-0"), pod("m-1", ready=False), pod("m-2"), pod("m-3")]
+    step = plan_rollout(pods=pods, fingerprint=FP, desired=2, next_ordinal=4)
+    assert step.drain == ("m-1", "m-3")
+    step = plan_rollout(pods=pods, fingerprint=FP, desired=0, next_ordinal=4)
+    assert set(step.drain) == {"m-0", "m-1", "m-2", "m-3"}
+
+
+def test_draining_and_deleting_pods_do_not_count() -> None:
+    pods = [pod("m-0", draining=True), pod("m-1", deleting=True)]
+    step = plan_rollout(pods=pods, fingerprint=FP, desired=1, next_ordinal=2)
+    assert step.create == (2,)
+
+
+def template(**changes: Any) -> ServingTemplate:
+    base = ServingTemplate(
+        image="kama:dev",
+        plan=ServingPlan(
+            entrypoint="m.gguf", manifest_digest="ab" * 32, ctx_total=1024, concurrency=2
+        ),
+        claim_name="kama-cache-models",
+        sub_path="blobs/sha256/abc",
+        cpu_request="500m",
+        memory_request="1073741824",
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def test_fingerprint_follows_the_template() -> None:
+    assert template().fingerprint() == template().fingerprint()
+    assert template().fingerprint() != template(cpu_request="1").fingerprint()
+    changed_plan = dataclasses.replace(template().plan, concurrency=3)
+    assert template().fingerprint() != template(plan=changed_plan).fingerprint()
+
+
+def test_serving_pod_manifest_is_hardened_and_named_by_fingerprint() -> None:
+    t = template(gpus=2, gpu_product="NVIDIA-L4")
+    pod_ = serving_pod_manifest(
+        template=t, namespace="ns", deployment="chat", deployment_uid="u1", ordinal=3
+    )
+    meta, spec = pod_["metadata"], pod_["spec"]
+    assert meta["name"] == f"chat-{t.fingerprint()}-3"
+    assert meta["labels"]["kama.dev/fingerprint"] == t.fingerprint()
+    assert meta["ownerReferences"][0]["uid"] == "u1"
+    container = spec["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert spec["automountServiceAccountToken"] is False and spec["restartPolicy"] == "Never"
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["volumeMounts"][0] == {
+        "name": "model",
+        "mountPath": "/models",
+        "subPath": "blobs/sha256/abc",
+        "readOnly": True,
+    }
+    expression = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ][0]["matchExpressions"][0]
+    assert expression == {
+        "key": "nvidia.com/gpu.product",
+        "operator": "In",
+        "values": ["NVIDIA-L4"],
+    }
+    assert ServingPlan.from_json(container["env"][1]["value"]) == t.plan
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("m") / "m.gguf"
+    return write_model(path, shape=ModelShape(n_layer=3, n_head_kv=2, n_ctx=2048, seed=7))
+
+
+def test_artifact_status_carries_what_the_planner_needs(generated: Path) -> None:
+    facts = inspect_file(generated)
+    from_file = ModelFacts.from_gguf(facts)
+    from_status = model_facts(
+        GGUFInfo.model_validate(GGUFInfo.from_facts(facts).model_dump(by_alias=True))
+    )
+    envelope = runtime_envelope(
+        ModelDeploymentSpec.model_validate(
+            {"modelRef": {"name": "m"}, "runtime": {"contextSize": 512, "concurrency": 4}}
+        ).runtime
+    )
+    for layers, gpus, split in ((0, 0, ()), (2, 1, ()), (4, 2, (1, 1))):
+        a = estimate_memory(
+            model=from_file, envelope=envelope, n_gpu_layers=layers, gpus=gpus, tensor_split=split
+        )
+        b = estimate_memory(
+            model=from_status, envelope=envelope, n_gpu_layers=layers, gpus=gpus, tensor_split=split
+        )
+        assert a == b
+
+
+def node(
+    name: str, *, memory: str, gpus: int = 0, product: str | None = None, gpu_mib: int | None = None
+) -> dict[str, Any]:
+    labels = {"kubernetes.io/hostname": name}
+    if product:
+        labels |= {"nvidia.com/gpu.product": product, "nvidia.com/gpu.memory": str(gpu_mib)}
+    allocatable = {"cpu": "8", "memory": memory}
+    if gpus:
+        allocatable["nvidia.com/gpu"] = str(gpus)
+    return {
+        "metadata": {"name": name, "labels": labels},
+        "spec": {},
+        "status": {"allocatable": allocatable},
+    }
+
+
+def artifact_status(generated: Path, **location: Any) -> ModelArtifactStatus:
+    facts = inspect_file(generated)
+    return ModelArtifactStatus.model_validate(
+        {
+            "phase": "Ready",
+            "manifestDigest": "sha256:" + "cd" * 32,
+            "files": [{"path": "m.gguf", "size": generated.stat().st_size, "sha256": "ef" * 32}],
+            "gguf": GGUFInfo.from_facts(facts).model_dump(by_alias=True, exclude_none=True),
+            "servingLocation": {"claimName": "kama-cache-models", "subPath": "blobs/x", **location},
+        }
+    )
+
+
+def test_decision_prefers_gpu_and_templates_the_pod(generated: Path) -> None:
+    spec = ModelDeploymentSpec.model_validate(
+        {
+            "modelRef": {"name": "m"},
+            "runtime": {"contextSize": 1024, "concurrency": 2},
+            "scaling": {"drainTimeout": "45s"},
+        }
+    )
+    nodes = [
+        node("cpu", memory="64Gi"),
+        node("gpu", memory="64Gi", gpus=1, product="NVIDIA-L4", gpu_mib=23034),
+    ]
+    decision = decide_deployment(
+        spec=spec, artifact=artifact_status(generated), nodes=nodes, image="kama:dev"
+    )
+    assert decision.template is not None and decision.profile is not None
+    assert decision.profile["mode"] == "GPU" and decision.profile["node"] == "gpu"
+    assert decision.template.gpus == 1 and decision.template.gpu_product == "NVIDIA-L4"
+    assert decision.template.plan.ctx_total == 2048 and decision.template.plan.drain_timeout_s == 45
+    assert decision.template.plan.manifest_digest == "cd" * 32 and decision.degraded_reason is None
+
+
+def test_decision_cpu_is_degraded_and_fit_failure_has_numbers(generated: Path) -> None:
+    cpu = ModelDeploymentSpec.model_validate(
+        {"modelRef": {"name": "m"}, "placement": {"mode": "CPU"}}
+    )
+    decision = decide_deployment(
+        spec=cpu, artifact=artifact_status(generated), nodes=[node("a", memory="8Gi")], image="i"
+    )
+    assert decision.degraded_reason and "CPU" in decision.degraded_reason
+    huge = ModelDeploymentSpec.model_validate(
+        {"modelRef": {"name": "m"}, "runtime": {"contextSize": 1 << 22, "concurrency": 64}}
+    )
+    failed = decide_deployment(
+        spec=huge, artifact=artifact_status(generated), nodes=[node("a", memory="8Gi")], image="i"
+    )
+    assert failed.template is None and failed.plan.fit_failed_message
+    assert failed.rejected[0]["requiredBytes"] > failed.rejected[0]["availableBytes"]
+
+
+def test_artifact_location_restricts_nodes(generated: Path) -> None:
+    affinity = {
+        "required": {
+            "nodeSelectorTerms": [
+                {
+                    "matchExpressions": [
+                        {"key": "kubernetes.io/hostname", "operator": "In", "values": ["b"]}
+                    ]
+                }
+            ]
+        }
+    }
+    nodes = [node("a", memory="64Gi"), node("b", memory="8Gi")]
+    assert nodes_that_mount(affinity=affinity, nodes=nodes) == frozenset({"b"})
+    assert nodes_that_mount(affinity=None, nodes=nodes) is None
+    spec = ModelDeploymentSpec.model_validate({"modelRef": {"name": "m"}})
+    decision = decide_deployment(
+        spec=spec,
+        artifact=artifact_status(generated, nodeAffinity=affinity),
+        nodes=nodes,
+        image="i",
+    )
+    assert decision.profile is not None and decision.profile["node"] == "b"
+
+
+def test_artifact_without_facts_is_not_usable(generated: Path) -> None:
+    status = artifact_status(generated)
+    status = status.model_copy(update={"gguf": status.gguf.model_copy(update={"weights": None})})  # type: ignore[union-attr]
+    spec = ModelDeploymentSpec.model_validate({"modelRef": {"name": "m"}})
+    with pytest.raises(ArtifactNotUsable, match="weights"):
+        decide_deployment(spec=spec, artifact=status, nodes=[], image="i")
+
+
+def test_headline_reason() -> None:
+    assert (
+        headline_reason(
+            [{"type": "ArtifactReady", "status": "False", "reason": "ArtifactNotReady"}]
+        )
+        == "ArtifactNotReady"
+    )
+    assert headline_reason([{"type": "FitFailed", "status": "True", "reason": "X"}]) == "FitFailed"
+    assert (
+        headline_reason([{"type": "RuntimeReady", "status": "True", "reason": "AllReplicasReady"}])
+        == "AllReplicasReady"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("90s", 90), ("10m", 600), ("1h30m", 5400), ("250ms", 0.25), ("1.5m", 90)]
+)
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert parse_duration(text) == timedelta(seconds=seconds)
+
+
+@pytest.mark.parametrize("text", ["", "10", "m", "10x", "5m3", "-1s"])
+def test_parse_duration_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match="not a duration"):
+        parse_duration(text)

@@ -1,0 +1,68 @@
+"""Events that matter to a ModelDeployment but are not its own: its serving pods
+(ready, crashed, deleted) and its artifact (became Ready, changed). The watcher
+signals the deployment's workflow so it reacts at once instead of at its next
+resync; a workflow that does not exist (yet, or any more) is simply skipped."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kubernetes import client as k8s
+from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities.kube import DEPLOYMENTS
+from kama.api import GROUP, VERSION
+from watcher.nudge import DEPLOYMENT
+
+log = logging.getLogger("kama.watcher")
+
+
+class DeploymentSignals:
+    def __init__(self, *, client: Client, custom: k8s.CustomObjectsApi) -> None:
+        self.client = client
+        self.custom = custom
+
+    async def _signal(self, *, namespace: str, name: str, uid: str, signal: str) -> None:
+        workflow_id = f"{DEPLOYMENT.id_prefix}/{namespace}/{name}/{uid}"
+        try:
+            await self.client.get_workflow_handle(workflow_id).signal(signal)
+        except RPCError as exc:
+            if exc.status != RPCStatusCode.NOT_FOUND:
+                raise
+            log.debug("%s: no running workflow for %s", workflow_id, signal)
+
+    async def pod_event(self, _event_type: str, pod: dict[str, Any]) -> None:
+        meta = pod.get("metadata", {})
+        for owner in meta.get("ownerReferences") or []:
+            if owner.get("kind") == DEPLOYMENT.kind and owner.get("controller"):
+                await self._signal(
+                    namespace=meta["namespace"],
+                    name=owner["name"],
+                    uid=owner["uid"],
+                    signal="pods changed",
+                )
+
+    async def artifact_event(self, event_type: str, artifact: dict[str, Any]) -> None:
+        """A Ready (or deleted) artifact nudges the deployments that name it."""
+        meta, status = artifact.get("metadata", {}), artifact.get("status") or {}
+        if event_type != "DELETED" and status.get("phase") != "Ready":
+            return
+        namespace = meta["namespace"]
+        try:
+            items = self.custom.list_namespaced_custom_object(
+                GROUP, VERSION, namespace, DEPLOYMENTS
+            )["items"]
+        except k8s.ApiException as exc:
+            if exc.status == 404:
+                return
+            raise
+        for item in items:
+            if (item.get("spec", {}).get("modelRef") or {}).get("name") == meta["name"]:
+                await self._signal(
+                    namespace=namespace,
+                    name=item["metadata"]["name"],
+                    uid=item["metadata"]["uid"],
+                    signal="artifact changed",
+                )

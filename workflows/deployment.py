@@ -1,0 +1,456 @@
+"""DeploymentWorkflow: the entity workflow of one ModelDeployment
+(`deployment/<ns>/<name>/<uid>`).
+
+Started and nudged by the watcher with the latest spec; nudged again when its pods
+or its artifact change. Each pass: wait for the artifact to be Ready, plan the
+placement (pure, from the artifact's GGUF facts and the nodes), and converge the
+pods onto the resulting template with a RolloutWorkflow child (new pods ready
+before old ones drain; dead pods replaced). Status and conditions say what was
+decided and why; Events mark transitions. On deletion every pod is drained, then
+the finalizer is released; the artifact is left alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.exceptions import ChildWorkflowError
+
+from workflows.kube_calls import call_kube
+
+with workflow.unsafe.imports_passed_through():
+    from activities.kube import (
+        DEPLOYMENTS,
+        EventRequest,
+        FinalizerRequest,
+        KubeActivities,
+        StatusPatch,
+    )
+    from activities.serving_pods import (
+        DeploymentInputs,
+        InputsRequest,
+        PodsRequest,
+        ServingPodActivities,
+    )
+    from kama.api import ModelArtifactStatus
+    from kama.api.deployment import DeploymentCondition, ModelDeploymentSpec
+    from kama.conditions import Conditions, condition_status, set_condition
+    from kama.deployment_plan import (
+        ArtifactNotUsable,
+        decide_deployment,
+        describe_profile,
+        headline_reason,
+    )
+    from kama.durations import parse_duration
+    from kama.rollout import ObservedPod
+    from kama.serving_pod import ServingTemplate, serving_selector
+    from workflows.artifact import ArtifactSnapshot
+    from workflows.rollout import RolloutInput, RolloutResult, RolloutWorkflow, start_drain
+
+RESYNC = timedelta(minutes=5)
+RETRY_FAILED_ROLLOUT = timedelta(seconds=30)
+DELETE_POLL = timedelta(seconds=2)
+HISTORY_LIMIT = 2000
+DEFAULT_RUNTIME_IMAGE = "ghcr.io/kama-dev/kama:0.1.0"
+
+C = DeploymentCondition
+WARNING_WHEN_TRUE = {C.FIT_FAILED, C.DEGRADED}
+EVENT_CONDITIONS = (
+    C.ARTIFACT_READY,
+    C.PLACED,
+    C.FIT_FAILED,
+    C.DEGRADED,
+    C.RUNTIME_READY,
+    C.SERVING,
+)
+
+
+@dataclass
+class DeploymentMemory:
+    """State carried across continue-as-new."""
+
+    status: dict[str, Any] = field(default_factory=dict)
+    template: ServingTemplate | None = None
+    planned_generation: int | None = None
+    planned_artifact: str | None = None
+    next_ordinal: int = 0
+    rollout_failure: str | None = None  # "Reason: message" of the last failed rollout
+    rollouts: int = 0
+
+
+@dataclass(frozen=True)
+class DeploymentInput:
+    snapshot: ArtifactSnapshot
+    runtime_image: str = DEFAULT_RUNTIME_IMAGE
+    memory: DeploymentMemory = field(default_factory=DeploymentMemory)
+
+
+@workflow.defn(name="Keep model deployment")
+class DeploymentWorkflow:
+    def __init__(self) -> None:
+        self._snapshot: ArtifactSnapshot | None = None
+        self._memory = DeploymentMemory()
+        self._image = DEFAULT_RUNTIME_IMAGE
+        self._dirty = True
+        self._replan = True
+        self._doing = "starting"
+
+    # signals and queries ------------------------------------------------------
+
+    @workflow.signal(name="spec changed")
+    def spec_changed(self, snapshot: ArtifactSnapshot) -> None:
+        current = self._snapshot
+        if current is None or snapshot.generation >= current.generation or snapshot.deleting:
+            if current is None or snapshot.generation != current.generation:
+                self._replan = True
+            self._snapshot = snapshot
+            self._dirty = True
+
+    @workflow.signal(name="pods changed")
+    def pods_changed(self) -> None:
+        self._dirty = True
+
+    @workflow.signal(name="artifact changed")
+    def artifact_changed(self) -> None:
+        self._replan = self._dirty = True
+
+    @workflow.query(name="status")
+    def status(self) -> dict[str, Any]:
+        status = self._memory.status
+        return {
+            "doing": self._doing,
+            "generation": self._snapshot.generation if self._snapshot else None,
+            "fingerprint": status.get("fingerprint"),
+            "profile": status.get("profile"),
+            "replicas": status.get("replicas", 0),
+            "readyReplicas": status.get("readyReplicas", 0),
+            "lastError": self._memory.rollout_failure,
+        }
+
+    # main loop ----------------------------------------------------------------
+
+    @workflow.run
+    async def run(self, request: DeploymentInput) -> None:
+        if self._snapshot is None or self._snapshot.generation < request.snapshot.generation:
+            self._snapshot = request.snapshot
+        self._memory = request.memory
+        self._image = request.runtime_image
+        while True:
+            snap = self._snapshot
+            assert snap is not None
+            if snap.deleting:
+                await self._finalize(snap)
+                return
+            self._dirty = False
+            spec = ModelDeploymentSpec.model_validate(snap.spec)
+            if self._replan or self._memory.template is None:
+                self._replan = False
+                await self._plan(snap, spec)
+            wait = RESYNC
+            if self._memory.template is not None:
+                converged = await self._converge(snap, spec, self._memory.template)
+                if not converged:
+                    wait = RETRY_FAILED_ROLLOUT
+            self._doing = "steady" if wait == RESYNC else "waiting to retry the rollout"
+            try:
+                await workflow.wait_condition(lambda: self._dirty, timeout=wait)
+            except TimeoutError:
+                self._replan = self._memory.template is None
+            if workflow.info().get_current_history_length() > HISTORY_LIMIT:
+                workflow.continue_as_new(
+                    DeploymentInput(
+                        snapshot=self._snapshot, runtime_image=self._image, memory=self._memory
+                    )
+                )
+
+    # planning -----------------------------------------------------------------
+
+    async def _plan(self, snap: ArtifactSnapshot, spec: ModelDeploymentSpec) -> None:
+        self._doing = "reading the artifact and the nodes"
+        inputs: DeploymentInputs = await call_kube(
+            ServingPodActivities.read_inputs,
+            InputsRequest(namespace=snap.ref.namespace, artifact=spec.model_ref.name),
+        )
+        artifact = (
+            ModelArtifactStatus.model_validate(inputs.artifact_status)
+            if inputs.artifact_status is not None
+            else None
+        )
+        ready = (
+            artifact is not None
+            and condition_status(
+                [c.model_dump(by_alias=True) for c in artifact.conditions], "Ready"
+            )
+            == "True"
+        )
+        if artifact is None or not ready:
+            why = (
+                f"ModelArtifact {spec.model_ref.name} does not exist"
+                if artifact is None
+                else f"ModelArtifact {spec.model_ref.name} is not Ready"
+                f" (phase {artifact.phase or 'unknown'})"
+            )
+            await self._write(
+                snap,
+                extra={},
+                conditions=[(C.ARTIFACT_READY, False, "ArtifactNotReady", why)],
+            )
+            if self._memory.template is None:
+                self._doing = "waiting for the artifact"
+            return
+        assert artifact is not None
+        try:
+            decision = decide_deployment(
+                spec=spec, artifact=artifact, nodes=inputs.nodes, image=self._image
+            )
+        except ArtifactNotUsable as exc:
+            await self._write(
+                snap,
+                extra={},
+                conditions=[(C.ARTIFACT_READY, False, "ArtifactNotUsable", str(exc))],
+            )
+            return
+        artifact_ok = (C.ARTIFACT_READY, True, "Ready", f"serving {artifact.manifest_digest}")
+        if decision.template is None:
+            message = decision.plan.fit_failed_message or "no candidate fits"
+            await self._write(
+                snap,
+                extra={"profile": None, "rejectedCandidates": decision.rejected},
+                conditions=[
+                    artifact_ok,
+                    (C.PLACED, False, "FitFailed", message),
+                    (C.FIT_FAILED, True, "FitFailed", message),
+                ],
+            )
+            self._memory.template = None
+            self._memory.planned_generation = snap.generation
+            return
+        selected = decision.plan.selected
+        assert selected is not None
+        degraded = decision.degraded_reason
+        template = decision.template
+        if template != self._memory.template:
+            self._memory.rollout_failure = None
+        self._memory.template = template
+        self._memory.planned_generation = snap.generation
+        self._memory.planned_artifact = artifact.manifest_digest
+        await self._write(
+            snap,
+            extra={
+                "profile": decision.profile,
+                "rejectedCandidates": decision.rejected,
+                "artifactDigest": artifact.manifest_digest,
+                "runtimeImage": template.image,
+                "fingerprint": template.fingerprint(),
+                "selector": serving_selector(snap.ref.name),
+            },
+            conditions=[
+                artifact_ok,
+                (C.PLACED, True, selected.decision, describe_profile(selected)),
+                (C.FIT_FAILED, False, "Fits", describe_profile(selected)),
+                (
+                    C.DEGRADED,
+                    degraded is not None,
+                    _degraded_reason(mode=str(selected.mode), degraded=degraded),
+                    degraded or "the whole model is on GPU",
+                ),
+            ],
+        )
+
+    # converging ---------------------------------------------------------------
+
+    def _desired(self, spec: ModelDeploymentSpec) -> int:
+        return max(spec.scaling.min_replicas, min(spec.replicas, spec.scaling.max_replicas))
+
+    async def _pods(self, snap: ArtifactSnapshot) -> list[ObservedPod]:
+        pods: list[ObservedPod] = await call_kube(
+            ServingPodActivities.list_pods,
+            PodsRequest(namespace=snap.ref.namespace, deployment=snap.ref.name),
+        )
+        return pods
+
+    async def _converge(
+        self, snap: ArtifactSnapshot, spec: ModelDeploymentSpec, template: ServingTemplate
+    ) -> bool:
+        desired = self._desired(spec)
+        fingerprint = template.fingerprint()
+        pods = await self._pods(snap)
+        current = [p for p in pods if p.fingerprint == fingerprint and p.serving]
+        settled = (
+            len(current) == desired
+            and all(p.ready for p in current)
+            and not any(p.serving and p.fingerprint != fingerprint for p in pods)
+            and not any(p.terminal and not p.deleting for p in pods)
+        )
+        result: RolloutResult | None = None
+        if not settled:
+            self._doing = f"rolling out {fingerprint} to {desired} replica(s)"
+            await self._write_replicas(snap, desired=desired, pods=pods, fingerprint=fingerprint)
+            self._memory.rollouts += 1
+            handle = await workflow.start_child_workflow(
+                RolloutWorkflow.run,
+                RolloutInput(
+                    ref=snap.ref,
+                    template=template,
+                    desired=desired,
+                    next_ordinal=self._memory.next_ordinal,
+                    deadline_s=parse_duration(spec.scaling.cold_start_timeout).total_seconds(),
+                ),
+                id=f"rollout/{snap.ref.namespace}/{snap.ref.name}/{self._memory.rollouts}",
+                task_queue=workflow.info().task_queue,
+                search_attributes=workflow.info().typed_search_attributes,
+            )
+            generation = snap.generation
+            await workflow.wait_condition(
+                lambda: handle.done() or self._spec_moved(generation), timeout=None
+            )
+            if not handle.done():
+                handle.cancel()
+            try:
+                result = await handle
+            except ChildWorkflowError:
+                result = None  # cancelled for a newer spec: the next pass starts over
+            if result is not None:
+                self._memory.next_ordinal = max(self._memory.next_ordinal, result.next_ordinal)
+                self._memory.rollout_failure = (
+                    None if result.converged else f"{result.reason}: {result.message}"
+                )
+            pods = await self._pods(snap)
+        else:
+            self._memory.rollout_failure = None
+        await self._write_replicas(snap, desired=desired, pods=pods, fingerprint=fingerprint)
+        return result is None or result.converged
+
+    def _spec_moved(self, generation: int) -> bool:
+        snap = self._snapshot
+        return snap is not None and (snap.deleting or snap.generation != generation)
+
+    async def _write_replicas(
+        self, snap: ArtifactSnapshot, *, desired: int, pods: list[ObservedPod], fingerprint: str
+    ) -> None:
+        current = [p for p in pods if p.fingerprint == fingerprint and p.serving]
+        routable = [p for p in pods if p.ready and p.serving]
+        ready = sum(1 for p in current if p.ready)
+        failure = self._memory.rollout_failure
+        if failure:
+            reason, _, message = failure.partition(": ")
+            runtime = (C.RUNTIME_READY, False, reason, message)
+        elif desired == 0:
+            runtime = (C.RUNTIME_READY, False, "ScaledToZero", "no replica is wanted")
+        elif ready >= desired:
+            runtime = (C.RUNTIME_READY, True, "AllReplicasReady", f"{ready}/{desired} ready")
+        else:
+            runtime = (C.RUNTIME_READY, False, "Starting", f"{ready}/{desired} ready")
+        await self._write(
+            snap,
+            extra={
+                "replicas": len(current),
+                "readyReplicas": ready,
+                "ready": f"{ready}/{desired}",
+                "endpoints": len(routable),
+            },
+            conditions=[
+                runtime,
+                (
+                    C.SERVING,
+                    bool(routable),
+                    "Endpoints" if routable else "NoEndpoints",
+                    f"{len(routable)} pod(s) accept requests",
+                ),
+                (
+                    C.SCALED_TO_ZERO,
+                    desired == 0,
+                    "ScaledToZero" if desired == 0 else "Scaled",
+                    f"spec.replicas is {desired}",
+                ),
+            ],
+        )
+
+    # deletion -----------------------------------------------------------------
+
+    async def _finalize(self, snap: ArtifactSnapshot) -> None:
+        spec = ModelDeploymentSpec.model_validate(snap.spec)
+        timeout_s = parse_duration(spec.scaling.drain_timeout).total_seconds()
+        while True:
+            pods = await self._pods(snap)
+            if not pods:
+                break
+            self._doing = f"deleting: draining {len(pods)} pod(s)"
+            for pod in pods:
+                if not pod.deleting:
+                    await start_drain(
+                        namespace=snap.ref.namespace, pod=pod.name, timeout_s=timeout_s
+                    )
+            await workflow.sleep(DELETE_POLL)
+        await call_kube(
+            KubeActivities.release_finalizer, FinalizerRequest(plural=DEPLOYMENTS, ref=snap.ref)
+        )
+        self._doing = "deleted (the artifact is kept)"
+
+    # status -------------------------------------------------------------------
+
+    async def _write(
+        self,
+        snap: ArtifactSnapshot,
+        *,
+        extra: dict[str, Any],
+        conditions: list[tuple[str, bool, str, str]],
+    ) -> None:
+        status = dict(self._memory.status)
+        before: Conditions = list(status.get("conditions", []))
+        current = before
+        for kind, value, reason, message in conditions:
+            current = set_condition(
+                current,
+                type=str(kind),
+                status=value,
+                reason=reason,
+                message=message,
+                now=workflow.now(),
+                generation=snap.generation,
+            )
+        status.update(extra)
+        status.update(
+            {
+                "observedGeneration": snap.generation,
+                "conditions": current,
+                "reason": headline_reason(current),
+            }
+        )
+        if status == self._memory.status:
+            return
+        self._memory.status = status
+        await call_kube(
+            KubeActivities.patch_status,
+            StatusPatch(kind_plural=DEPLOYMENTS, ref=snap.ref, status=status),
+        )
+        await self._events(snap, before=before, after=current)
+
+    async def _events(
+        self, snap: ArtifactSnapshot, *, before: Conditions, after: Conditions
+    ) -> None:
+        for kind in EVENT_CONDITIONS:
+            old, new = condition_status(before, kind), condition_status(after, kind)
+            if new is None or old == new:
+                continue
+            entry = next(c for c in after if c["type"] == kind)
+            bad = (new == "True") == (kind in WARNING_WHEN_TRUE)
+            await call_kube(
+                KubeActivities.record_event,
+                EventRequest(
+                    kind="ModelDeployment",
+                    ref=snap.ref,
+                    type="Warning" if bad and not (old is None and new == "False") else "Normal",
+                    reason=entry["reason"],
+                    message=f"{kind}={new}: {entry['message']}"[:1024],
+                ),
+            )
+
+
+def _degraded_reason(*, mode: str, degraded: str | None) -> str:
+    if degraded is None:
+        return "FullGPU"
+    return "CPUPlacement" if mode == "CPU" else "HybridPlacement"

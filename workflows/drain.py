@@ -1,0 +1,78 @@
+"""DrainWorkflow (`drain/<ns>/<pod>`): take one serving pod out of service without
+dropping a request. Mark it draining (routers stop choosing it), give routers a
+moment to see that, wait until llama-server reports no busy slot or the drain
+timeout passes, then delete the pod (its supervisor drains once more on SIGTERM)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+
+from workflows.kube_calls import call_kube
+
+with workflow.unsafe.imports_passed_through():
+    from activities.llama_server import LlamaServerActivities, SlotsRequest
+    from activities.serving_pods import PodName, ServingPodActivities
+
+ROUTERS_SETTLE = timedelta(seconds=1)
+SLOTS_POLL = timedelta(seconds=1)
+SLOTS_TIMEOUT = timedelta(seconds=5)
+SLOTS_RETRY = RetryPolicy(maximum_attempts=2)
+
+
+@dataclass(frozen=True)
+class DrainInput:
+    namespace: str
+    pod: str
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class DrainResult:
+    pod: str
+    waited_s: float
+    busy_at_deletion: int
+
+
+@workflow.defn(name="Drain serving pod")
+class DrainWorkflow:
+    def __init__(self) -> None:
+        self._doing = "starting"
+
+    @workflow.query(name="status")
+    def status(self) -> dict[str, str]:
+        return {"doing": self._doing}
+
+    @workflow.run
+    async def run(self, request: DrainInput) -> DrainResult:
+        pod = PodName(namespace=request.namespace, name=request.pod)
+        started = workflow.now()
+        self._doing = "marking the pod draining"
+        ip: str | None = await call_kube(ServingPodActivities.mark_draining, pod)
+        busy = 0
+        if ip:
+            await workflow.sleep(ROUTERS_SETTLE)
+            deadline = started + timedelta(seconds=request.timeout_s)
+            while True:
+                self._doing = f"waiting for busy slots on {ip} to finish"
+                found: int | None = await workflow.execute_activity_method(
+                    LlamaServerActivities.busy_slots,
+                    SlotsRequest(pod_ip=ip),
+                    start_to_close_timeout=SLOTS_TIMEOUT,
+                    retry_policy=SLOTS_RETRY,
+                )
+                busy = found or 0
+                if busy == 0 or workflow.now() >= deadline:
+                    break
+                await workflow.sleep(SLOTS_POLL)
+        self._doing = "deleting the pod"
+        await call_kube(ServingPodActivities.delete_pod, pod)
+        self._doing = "done"
+        return DrainResult(
+            pod=request.pod,
+            waited_s=(workflow.now() - started).total_seconds(),
+            busy_at_deletion=busy,
+        )

@@ -1,0 +1,145 @@
+"""RolloutWorkflow: converge one ModelDeployment's pods onto a serving template.
+
+Each round lists the pods, asks the pure `plan_rollout` what to do, does it (create
+replicas of the new fingerprint, remove dead pods, start a DrainWorkflow for each
+pod to retire) and sleeps briefly. New pods are ready before old ones drain, so
+capacity never drops during a template change. It ends when converged, when pods of
+the new template keep dying (a broken runtime should not be recreated forever), or
+at the progress deadline; the DeploymentWorkflow reports why and tries again later.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.workflow import ParentClosePolicy
+
+from workflows.kube_calls import call_kube
+
+with workflow.unsafe.imports_passed_through():
+    from activities.kube import ObjectRef
+    from activities.serving_pods import CreatePod, PodName, PodsRequest, ServingPodActivities
+    from kama.rollout import ObservedPod, plan_rollout
+    from kama.serving_pod import ServingTemplate, serving_pod_manifest
+    from workflows.drain import DrainInput, DrainWorkflow
+
+ROUND_INTERVAL = timedelta(seconds=1)
+MAX_FAILED_PODS = 3
+
+
+@dataclass(frozen=True)
+class RolloutInput:
+    ref: ObjectRef
+    template: ServingTemplate
+    desired: int
+    next_ordinal: int
+    deadline_s: float
+
+
+@dataclass(frozen=True)
+class RolloutResult:
+    converged: bool
+    next_ordinal: int
+    ready: int
+    replicas: int
+    reason: str = ""
+    message: str = ""
+
+
+@workflow.defn(name="Roll out model deployment")
+class RolloutWorkflow:
+    def __init__(self) -> None:
+        self._doing = "starting"
+
+    @workflow.query(name="status")
+    def status(self) -> dict[str, str]:
+        return {"doing": self._doing}
+
+    @workflow.run
+    async def run(self, request: RolloutInput) -> RolloutResult:
+        ref, fingerprint = request.ref, request.template.fingerprint()
+        next_ordinal = request.next_ordinal
+        deadline = workflow.now() + timedelta(seconds=request.deadline_s)
+        failed: dict[str, str] = {}
+        while True:
+            pods: list[ObservedPod] = await call_kube(
+                ServingPodActivities.list_pods,
+                PodsRequest(namespace=ref.namespace, deployment=ref.name),
+            )
+            next_ordinal = max([next_ordinal, *(p.ordinal + 1 for p in pods)])
+            step = plan_rollout(
+                pods=pods,
+                fingerprint=fingerprint,
+                desired=request.desired,
+                next_ordinal=next_ordinal,
+            )
+            for pod in pods:
+                if pod.name in step.remove and pod.fingerprint == fingerprint:
+                    failed[pod.name] = pod.exit_reason or pod.phase
+            if len(failed) >= MAX_FAILED_PODS:
+                last = sorted(failed.items())[-1]
+                return RolloutResult(
+                    converged=False,
+                    next_ordinal=next_ordinal,
+                    ready=step.ready,
+                    replicas=step.replicas,
+                    reason="RuntimeFailed",
+                    message=f"{len(failed)} pods of this template stopped; last: {last[0]}: {last[1]}",
+                )
+            for name in step.remove:
+                await call_kube(
+                    ServingPodActivities.delete_pod, PodName(namespace=ref.namespace, name=name)
+                )
+            for ordinal in step.create:
+                manifest = serving_pod_manifest(
+                    template=request.template,
+                    namespace=ref.namespace,
+                    deployment=ref.name,
+                    deployment_uid=ref.uid,
+                    ordinal=ordinal,
+                )
+                await call_kube(ServingPodActivities.create_pod, CreatePod(manifest=manifest))
+                next_ordinal = max(next_ordinal, ordinal + 1)
+            for name in step.drain:
+                await start_drain(
+                    namespace=ref.namespace,
+                    pod=name,
+                    timeout_s=request.template.plan.drain_timeout_s,
+                )
+            if step.converged:
+                return RolloutResult(
+                    converged=True,
+                    next_ordinal=next_ordinal,
+                    ready=step.ready,
+                    replicas=step.replicas,
+                )
+            if workflow.now() >= deadline:
+                stuck = [p.name for p in pods if p.unschedulable]
+                return RolloutResult(
+                    converged=False,
+                    next_ordinal=next_ordinal,
+                    ready=step.ready,
+                    replicas=step.replicas,
+                    reason="Unschedulable" if stuck else "ProgressDeadlineExceeded",
+                    message=f"{step.waiting_for}"
+                    + (f"; unschedulable: {', '.join(stuck)}" if stuck else ""),
+                )
+            self._doing = step.waiting_for or "converging"
+            await workflow.sleep(ROUND_INTERVAL)
+
+
+async def start_drain(*, namespace: str, pod: str, timeout_s: float) -> None:
+    """Start `drain/<ns>/<pod>` unless it is already running; it outlives the caller."""
+    with contextlib.suppress(WorkflowAlreadyStartedError):
+        await workflow.start_child_workflow(
+            DrainWorkflow.run,
+            DrainInput(namespace=namespace, pod=pod, timeout_s=timeout_s),
+            id=f"drain/{namespace}/{pod}",
+            task_queue=workflow.info().task_queue,
+            parent_close_policy=ParentClosePolicy.ABANDON,
+            search_attributes=workflow.info().typed_search_attributes,
+        )
