@@ -56,7 +56,7 @@ MODELCACHE_SINGULAR: Final = "modelcache"
 MODELCACHE_SHORT_NAME: Final = "mc"
 
 # A non-negative Kubernetes quantity (no sign, no milli/micro/nano suffixes: bytes).
-QUANTITY_PATTERN: Final = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[kMGTPE]|[eE][+-]?[0-9]+)?$"
+QUANTITY_PATTERN: Final = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
 
 
 class RetentionPolicy(StrEnum):

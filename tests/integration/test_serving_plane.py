@@ -356,11 +356,13 @@ def test_gpu_deployment_is_bound_where_the_planner_chose(
         name=f"gpu-l4-{uuid.uuid4().hex[:4]}", gpus=1, product="NVIDIA-L4", memory_mib=23034
     )
     big = GPUNode(name=f"gpu-h100-{uuid.uuid4().hex[:4]}", gpus=4)
+    # imported first: an untainted fake node could otherwise get the importer pod
+    ready_artifact(control, namespace, tmp_path, name="gpu-model", seed=64)
     control.stack.add_gpu_node(small)
     control.stack.add_gpu_node(big)
     try:
-        ready_artifact(control, namespace, tmp_path, name="gpu-model", seed=64)
-        # 32k context x 8 slots of f32 KV does not fit the 22.5 GiB L4, fits one H100
+        # 4Mi tokens x 24 slots: about 30 GB of KV and buffers, more than the 22.5 GiB
+        # of the L4, less than one H100
         apply(
             control.stack,
             deployment(
@@ -369,11 +371,7 @@ def test_gpu_deployment_is_bound_where_the_planner_chose(
                 "gpu-model",
                 replicas=1,
                 placement={"mode": "GPU"},
-                runtime={
-                    "contextSize": 32768,
-                    "concurrency": 8,
-                    "kvCache": {"keyType": "f32", "valueType": "f32"},
-                },
+                runtime={"contextSize": 1 << 22, "concurrency": 24},
             ),
         )
 
@@ -394,12 +392,21 @@ def test_gpu_deployment_is_bound_where_the_planner_chose(
         assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == [big.product]
         args = pod["metadata"]["annotations"]["kama.dev/llama-server-args"]
         assert f"--n-gpu-layers {profile['gpuLayers']}" in args and profile["gpuLayers"] == 3
-        assert "--ctx-size 262144 --parallel 8" in args and "--cache-type-k f32" in args
+        assert f"--ctx-size {24 << 22} --parallel 24" in args and "--split-mode none" in args
         assert any(r["node"] == small.name for r in status["rejectedCandidates"])
         obj = md(control, namespace, "gpu")
         assert (condition(obj, "Degraded") or {}).get("status") == "False"
     finally:
-        kubectl(control.stack, "delete", "modeldeployment", "gpu", "-n", namespace, "--wait=false")
+        kubectl(
+            control.stack,
+            "delete",
+            "modeldeployment",
+            "gpu",
+            "-n",
+            namespace,
+            "--wait=false",
+            check=False,
+        )
         for pod in serving_pods(control, namespace, "gpu"):  # nothing runs on a fake node
             kubectl(
                 control.stack,
