@@ -51,6 +51,7 @@ async def run_worker(settings: Settings) -> None:
     from workflows.import_model import ImportWorkflow
     from workflows.rollout import RolloutWorkflow
     from workflows.verify_model import VerifyWorkflow
+    from workflows.wake import WakeWorkflow
 
     client = await Client.connect(settings.temporal_address, namespace=settings.temporal_namespace)
     api = kube_api()
@@ -80,6 +81,7 @@ async def run_worker(settings: Settings) -> None:
                 DeploymentWorkflow,
                 RolloutWorkflow,
                 DrainWorkflow,
+                WakeWorkflow,
             ],
             activities=[
                 kube.patch_status,

@@ -97,6 +97,17 @@ def _importer(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gateway(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from activities.workers import kube_api
+    from gateway.app import create_app
+
+    app = create_app(settings=_settings(), api_factory=kube_api)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    return 0
+
+
 def _runtime(args: argparse.Namespace) -> int:
     from runtime.supervisor import run_runtime
 
@@ -126,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--task-queue", required=True, help="the per-operation task queue to poll"
     )
     importer.set_defaults(func=_importer)
+    gateway = sub.add_parser("gateway", help="serve the OpenAI-compatible gateway")
+    gateway.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    gateway.add_argument("--port", type=int, default=8000, help="port to listen on")
+    gateway.set_defaults(func=_gateway)
     sub.add_parser(
         "runtime", help="PID 1 of a serving pod: check the artifact, run llama-server, drain"
     ).set_defaults(func=_runtime)

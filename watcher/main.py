@@ -4,7 +4,6 @@ signal their workflows."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import signal
 import threading
@@ -20,24 +19,13 @@ from kama.config import Settings
 from kama.serving_pod import ROLE_LABEL, SERVER_ROLE
 from watcher.dependents import DeploymentSignals
 from watcher.nudge import ARTIFACT, CACHE, DEPLOYMENT, Nudger
-from watcher.watch import WatchTarget, run_watch
+from watcher.watch import WatchTarget, as_dicts, run_watch
 
 log = logging.getLogger("kama.watcher")
 
 NUDGE_RETRY_S = 2.0
 
 Handler = Callable[[str, dict[str, Any]], Awaitable[None]]
-
-
-def as_dicts(api: k8s.ApiClient, list_fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A typed list call that returns plain dicts (watch calls pass through raw)."""
-
-    @functools.wraps(list_fn)
-    def call(**kwargs: Any) -> Any:
-        result = list_fn(**kwargs)
-        return result if kwargs.get("watch") else api.sanitize_for_serialization(result)
-
-    return call
 
 
 def watch_targets(

@@ -8,6 +8,7 @@ them, which is harmless because consumers only nudge idempotent workflows.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -88,3 +89,14 @@ def _watch_once(
             on_object(kind, raw)
     time.sleep(0)  # the server closed the watch after its timeout: resume from `version`
     return version
+
+
+def as_dicts(api: k8s.ApiClient, list_fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A typed list call that returns plain dicts (watch calls pass through raw)."""
+
+    @functools.wraps(list_fn)
+    def call(**kwargs: Any) -> Any:
+        result = list_fn(**kwargs)
+        return result if kwargs.get("watch") else api.sanitize_for_serialization(result)
+
+    return call

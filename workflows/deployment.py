@@ -13,12 +13,13 @@ the finalizer is released; the artifact is left alone.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
 from temporalio.exceptions import ChildWorkflowError
 
+from workflows.drain import SLOTS_RETRY, SLOTS_TIMEOUT
 from workflows.kube_calls import call_kube
 
 with workflow.unsafe.imports_passed_through():
@@ -29,15 +30,17 @@ with workflow.unsafe.imports_passed_through():
         KubeActivities,
         StatusPatch,
     )
+    from activities.llama_server import LlamaServerActivities, SlotsRequest
     from activities.serving_pods import (
         DeploymentInputs,
         InputsRequest,
         PodsRequest,
+        ScaleRequest,
         ServingPodActivities,
     )
     from kama.api import ModelArtifactStatus
     from kama.api.deployment import DeploymentCondition, ModelDeploymentSpec
-    from kama.conditions import Conditions, condition_status, set_condition
+    from kama.conditions import Conditions, condition_status, rfc3339, set_condition
     from kama.deployment_plan import (
         ArtifactNotUsable,
         decide_deployment,
@@ -79,6 +82,16 @@ class DeploymentMemory:
     next_ordinal: int = 0
     rollout_failure: str | None = None  # "Reason: message" of the last failed rollout
     rollouts: int = 0
+    last_demand: str | None = None  # ISO time of the last request any gateway reported
+    seen_replicas: int = 0  # a scale-up (by anyone) restarts the idle clock
+
+
+@dataclass(frozen=True)
+class DemandReport:
+    """A gateway saw requests for this model (rate-limited by the gateway)."""
+
+    gateway: str
+    in_flight: int
 
 
 @dataclass(frozen=True)
@@ -96,6 +109,7 @@ class DeploymentWorkflow:
         self._image = DEFAULT_RUNTIME_IMAGE
         self._dirty = True
         self._replan = True
+        self._wake = False
         self._doing = "starting"
 
     # signals and queries ------------------------------------------------------
@@ -117,6 +131,14 @@ class DeploymentWorkflow:
     def artifact_changed(self) -> None:
         self._replan = self._dirty = True
 
+    @workflow.signal(name="wake")
+    def wake(self) -> None:
+        self._wake = self._dirty = True
+
+    @workflow.signal(name="demand")
+    def demand(self, report: DemandReport) -> None:
+        self._memory.last_demand = workflow.now().isoformat()
+
     @workflow.query(name="status")
     def status(self) -> dict[str, Any]:
         status = self._memory.status
@@ -128,6 +150,7 @@ class DeploymentWorkflow:
             "replicas": status.get("replicas", 0),
             "readyReplicas": status.get("readyReplicas", 0),
             "lastError": self._memory.rollout_failure,
+            "lastDemand": self._memory.last_demand,
         }
 
     # main loop ----------------------------------------------------------------
@@ -149,12 +172,21 @@ class DeploymentWorkflow:
             if self._replan or self._memory.template is None:
                 self._replan = False
                 await self._plan(snap, spec)
+            if spec.replicas > self._memory.seen_replicas:
+                self._memory.last_demand = workflow.now().isoformat()
+            self._memory.seen_replicas = spec.replicas
+            if self._wake:
+                self._wake = False
+                await self._scale_for_wake(snap, spec)
             wait = RESYNC
             if self._memory.template is not None:
                 converged = await self._converge(snap, spec, self._memory.template)
                 if not converged:
                     wait = RETRY_FAILED_ROLLOUT
             self._doing = "steady" if wait == RESYNC else "waiting to retry the rollout"
+            idle_in = await self._scale_down_when_idle(snap, spec)
+            if idle_in is not None:
+                wait = min(wait, idle_in)
             try:
                 await workflow.wait_condition(lambda: self._dirty, timeout=wait)
             except TimeoutError:
@@ -369,6 +401,56 @@ class DeploymentWorkflow:
             ],
         )
 
+    # scale from and to zero ---------------------------------------------------
+
+    def _idle_since(self) -> datetime:
+        if self._memory.last_demand is None:
+            self._memory.last_demand = workflow.now().isoformat()
+        return datetime.fromisoformat(self._memory.last_demand)
+
+    async def _set_replicas(self, snap: ArtifactSnapshot, replicas: int, why: str) -> None:
+        await call_kube(
+            ServingPodActivities.set_replicas, ScaleRequest(ref=snap.ref, replicas=replicas)
+        )
+        await self._record(snap, "Normal", "Scaled", f"spec.replicas set to {replicas}: {why}")
+
+    async def _scale_for_wake(self, snap: ArtifactSnapshot, spec: ModelDeploymentSpec) -> None:
+        self._memory.last_demand = workflow.now().isoformat()
+        wanted = max(1, spec.scaling.min_replicas)
+        if spec.replicas >= wanted:
+            return
+        await self._set_replicas(snap, wanted, "a request arrived while at zero")
+        await self._write(snap, extra={"lastWake": rfc3339(workflow.now())}, conditions=[])
+
+    async def _scale_down_when_idle(
+        self, snap: ArtifactSnapshot, spec: ModelDeploymentSpec
+    ) -> timedelta | None:
+        """Scale to minReplicas after idleTimeout without demand; how long until that
+        is due (None when already at the minimum). Busy slots count as demand, so a
+        long stream keeps the model up even if no gateway reported it."""
+        floor = spec.scaling.min_replicas
+        if spec.replicas <= floor:
+            return None
+        idle_timeout = parse_duration(spec.scaling.idle_timeout)
+        due = self._idle_since() + idle_timeout - workflow.now()
+        if due > timedelta(0):
+            return due
+        for pod in await self._pods(snap):
+            if pod.pod_ip and pod.ready:
+                busy: int | None = await workflow.execute_activity_method(
+                    LlamaServerActivities.busy_slots,
+                    SlotsRequest(pod_ip=pod.pod_ip),
+                    start_to_close_timeout=SLOTS_TIMEOUT,
+                    retry_policy=SLOTS_RETRY,
+                )
+                if busy:
+                    self._memory.last_demand = workflow.now().isoformat()
+                    return idle_timeout
+        await self._set_replicas(
+            snap, floor, f"no request for {spec.scaling.idle_timeout} (idleTimeout)"
+        )
+        return None
+
     # deletion -----------------------------------------------------------------
 
     async def _finalize(self, snap: ArtifactSnapshot) -> None:
@@ -438,16 +520,24 @@ class DeploymentWorkflow:
                 continue
             entry = next(c for c in after if c["type"] == kind)
             bad = (new == "True") == (kind in WARNING_WHEN_TRUE)
-            await call_kube(
-                KubeActivities.record_event,
-                EventRequest(
-                    kind="ModelDeployment",
-                    ref=snap.ref,
-                    type="Warning" if bad and not (old is None and new == "False") else "Normal",
-                    reason=entry["reason"],
-                    message=f"{kind}={new}: {entry['message']}"[:1024],
-                ),
+            await self._record(
+                snap,
+                "Warning" if bad and not (old is None and new == "False") else "Normal",
+                entry["reason"],
+                f"{kind}={new}: {entry['message']}",
             )
+
+    async def _record(self, snap: ArtifactSnapshot, kind: str, reason: str, message: str) -> None:
+        await call_kube(
+            KubeActivities.record_event,
+            EventRequest(
+                kind="ModelDeployment",
+                ref=snap.ref,
+                type=kind,
+                reason=reason,
+                message=message[:1024],
+            ),
+        )
 
 
 def _degraded_reason(*, mode: str, degraded: str | None) -> str:

@@ -1,0 +1,264 @@
+"""`kama gateway`: the one endpoint for every model (DESIGN §6).
+
+Public routes are OpenAI's (`/v1/chat/completions`, `/v1/completions`,
+`/v1/embeddings`, `/v1/models`) and llama-server's native inference routes
+(`/completion`, `/tokenize`, `/detokenize`, `/infill`, with the model from the
+`X-Kama-Model` header or a `/models/<ns>/<name>/...` path). llama-server's admin
+and lifecycle routes are refused. The lifespan creates the shared httpx client, the
+Temporal client and the watches that keep the model registry, and runs the
+backend-load poller and the demand reporter."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from kubernetes import client as k8s
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from temporalio.client import Client
+
+from gateway.backend_load import poll_backend_load
+from gateway.demand import report_demand
+from gateway.errors import GatewayError
+from gateway.metrics import GatewayMetrics
+from gateway.proxy import Proxy
+from gateway.registry import Model, ModelRegistry
+from gateway.wake import Waker
+from kama.api import GROUP, VERSION
+from kama.config import Settings
+from kama.serving_pod import ROLE_LABEL, SERVER_ROLE
+from watcher.watch import WatchTarget, as_dicts, run_watch
+
+log = logging.getLogger("kama.gateway")
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+OPENAI_ROUTES = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings",
+}
+NATIVE_ROUTES = frozenset({"completion", "tokenize", "detokenize", "infill"})
+ADMIN_PATHS = ("/slots", "/props", "/models/load", "/models/unload", "/lora-adapters", "/metrics/")
+MODEL_HEADER = "x-kama-model"
+UPSTREAM_LIMITS = httpx.Limits(max_connections=4096, max_keepalive_connections=512)
+UPSTREAM_TIMEOUT = httpx.Timeout(connect=2.0, read=600.0, write=30.0, pool=30.0)
+
+
+@dataclass
+class GatewayState:
+    registry: ModelRegistry
+    proxy: Proxy
+    metrics: GatewayMetrics
+    synced: set[str]
+
+
+def _state(request: Request) -> GatewayState:
+    state: GatewayState = request.app.state.gateway
+    return state
+
+
+async def read_body(request: Request, *, limit: int = MAX_BODY_BYTES) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise GatewayError(413, f"request body is larger than {limit} bytes", code="body_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise GatewayError(
+                413, f"request body is larger than {limit} bytes", code="body_too_large"
+            )
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_object(body: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise GatewayError(
+            400, f"request body is not valid JSON: {exc}", code="invalid_json"
+        ) from None
+    if not isinstance(value, dict):
+        raise GatewayError(400, "request body must be a JSON object", code="invalid_json")
+    return value
+
+
+def resolve(registry: ModelRegistry, name: object) -> Model:
+    if not isinstance(name, str) or not name:
+        raise GatewayError(400, "the 'model' field is required (<namespace>/<name> or an alias)")
+    model = registry.resolve(name)
+    if model is None:
+        raise GatewayError(404, f"model {name!r} does not exist", code="model_not_found")
+    return model
+
+
+def start_watches(
+    *, api: k8s.ApiClient, registry: ModelRegistry, synced: set[str], stop: threading.Event
+) -> None:
+    loop = asyncio.get_running_loop()
+    core, custom = k8s.CoreV1Api(api), k8s.CustomObjectsApi(api)
+    deployments = WatchTarget(
+        name="modeldeployments",
+        list_fn=custom.list_cluster_custom_object,
+        kwargs={"group": GROUP, "version": VERSION, "plural": "modeldeployments"},
+    )
+    pods = WatchTarget(
+        name="pods",
+        list_fn=as_dicts(api, core.list_pod_for_all_namespaces),
+        kwargs={"label_selector": f"{ROLE_LABEL}={SERVER_ROLE}"},
+    )
+    appliers: dict[str, Callable[[str, dict[str, Any]], None]] = {
+        "modeldeployments": registry.apply_deployment,
+        "pods": registry.apply_pod,
+    }
+    for target in (deployments, pods):
+
+        def on_object(kind: str, obj: dict[str, Any], name: str = target.name) -> None:
+            loop.call_soon_threadsafe(appliers[name], kind, obj)
+            loop.call_soon_threadsafe(synced.add, name)
+
+        threading.Thread(
+            target=run_watch,
+            kwargs={"target": target, "on_object": on_object, "stop": stop},
+            daemon=True,
+        ).start()
+
+
+def create_app(*, settings: Settings, api_factory: Callable[[], k8s.ApiClient]) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        registry, metrics, synced = ModelRegistry(), GatewayMetrics(), set[str]()
+        stop = threading.Event()
+        async with httpx.AsyncClient(limits=UPSTREAM_LIMITS, timeout=UPSTREAM_TIMEOUT) as http:
+            temporal = await Client.connect(
+                settings.temporal_address, namespace=settings.temporal_namespace
+            )
+            waker = Waker(client=temporal, task_queue=settings.control_queue, metrics=metrics)
+            app.state.gateway = GatewayState(
+                registry=registry,
+                proxy=Proxy(registry=registry, http=http, waker=waker, metrics=metrics),
+                metrics=metrics,
+                synced=synced,
+            )
+            start_watches(api=api_factory(), registry=registry, synced=synced, stop=stop)
+            background = [
+                asyncio.create_task(poll_backend_load(registry=registry, http=http)),
+                asyncio.create_task(report_demand(registry=registry, client=temporal)),
+            ]
+            try:
+                yield
+            finally:
+                stop.set()
+                for task in background:
+                    task.cancel()
+
+    app = FastAPI(title="Kama gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+
+    @app.exception_handler(GatewayError)
+    async def gateway_error(_request: Request, exc: GatewayError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if request.url.path.startswith(ADMIN_PATHS) or request.url.path == "/props":
+            return GatewayError(
+                403, "llama-server admin routes are not served by the gateway", code="forbidden"
+            ).response()
+        message = f"no route {request.method} {request.url.path}"
+        return GatewayError(exc.status_code, message, code="not_found").response()
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz(request: Request) -> JSONResponse:
+        synced = _state(request).synced
+        ready = {"modeldeployments", "pods"} <= synced
+        return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        return Response(
+            generate_latest(_state(request).metrics.registry), media_type=CONTENT_TYPE_LATEST
+        )
+
+    @app.get("/v1/models")
+    async def list_models(request: Request) -> dict[str, Any]:
+        models = sorted(_state(request).registry.models.values(), key=lambda m: m.key)
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": m.key,
+                    "object": "model",
+                    "created": m.created,
+                    "owned_by": "kama",
+                    "aliases": list(m.aliases),
+                    "ready": bool(m.endpoints),
+                }
+                for m in models
+            ],
+        }
+
+    async def openai_route(request: Request) -> Response:
+        state = _state(request)
+        path = request.url.path
+        body = await read_body(request)
+        model = resolve(state.registry, parse_object(body).get("model"))
+        return await _forward(
+            state, request, model=model, path=path, body=body, route=OPENAI_ROUTES[path]
+        )
+
+    for openai_path in OPENAI_ROUTES:
+        app.add_api_route(openai_path, openai_route, methods=["POST"])
+
+    @app.post("/{route}")
+    async def native_route(route: str, request: Request) -> Response:
+        if route not in NATIVE_ROUTES:
+            raise StarletteHTTPException(404)
+        state = _state(request)
+        body = await read_body(request)
+        parse_object(body)
+        model = resolve(state.registry, request.headers.get(MODEL_HEADER))
+        return await _forward(state, request, model=model, path=f"/{route}", body=body, route=route)
+
+    @app.post("/models/{namespace}/{name}/{route}")
+    async def native_by_path(namespace: str, name: str, route: str, request: Request) -> Response:
+        if route not in NATIVE_ROUTES:
+            raise StarletteHTTPException(404)
+        state = _state(request)
+        body = await read_body(request)
+        parse_object(body)
+        model = resolve(state.registry, f"{namespace}/{name}")
+        return await _forward(state, request, model=model, path=f"/{route}", body=body, route=route)
+
+    return app
+
+
+async def _forward(
+    state: GatewayState, request: Request, *, model: Model, path: str, body: bytes, route: str
+) -> Response:
+    try:
+        return await state.proxy.forward(
+            model=model,
+            method=request.method,
+            path=path,
+            body=body,
+            headers={k.lower(): v for k, v in request.headers.items()},
+            route=route,
+        )
+    except GatewayError as exc:
+        state.metrics.requests.labels(model.key, route, str(exc.status)).inc()
+        raise

@@ -1,0 +1,52 @@
+"""How busy each replica is from llama-server's own view (all gateways' requests
+count): `llamacpp:requests_processing` and `llamacpp:requests_deferred` from its
+`/metrics`, polled at a bounded rate (one request per endpoint per interval)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import httpx
+
+from gateway.registry import Endpoint, ModelRegistry
+from kama.serving_plan import LLAMA_PORT
+
+log = logging.getLogger("kama.gateway")
+
+POLL_INTERVAL_S = 0.5
+POLL_TIMEOUT_S = 0.5
+
+
+def parse_llama_metrics(text: str) -> tuple[int, int]:
+    """(processing, deferred) from llama-server's Prometheus text."""
+    values = {"llamacpp:requests_processing": 0.0, "llamacpp:requests_deferred": 0.0}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        name, _, value = line.partition(" ")
+        if name in values:
+            try:
+                values[name] = float(value.split()[0])
+            except (ValueError, IndexError):
+                continue
+    return int(values["llamacpp:requests_processing"]), int(values["llamacpp:requests_deferred"])
+
+
+async def _poll_one(http: httpx.AsyncClient, endpoint: Endpoint) -> None:
+    try:
+        response = await http.get(
+            f"http://{endpoint.ip}:{LLAMA_PORT}/metrics", timeout=POLL_TIMEOUT_S
+        )
+    except httpx.HTTPError:
+        return
+    if response.status_code == 200:
+        endpoint.processing, endpoint.deferred = parse_llama_metrics(response.text)
+
+
+async def poll_backend_load(*, registry: ModelRegistry, http: httpx.AsyncClient) -> None:
+    while True:
+        endpoints = [e for m in list(registry.models.values()) for e in m.endpoints.values()]
+        if endpoints:
+            await asyncio.gather(*(_poll_one(http, e) for e in endpoints))
+        await asyncio.sleep(POLL_INTERVAL_S)

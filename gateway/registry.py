@@ -1,0 +1,185 @@
+"""What the gateway knows about models and their replicas, kept from watches.
+
+ModelDeployments give names, aliases, scaling limits and the reason a model is not
+serving; Kama's serving pods give endpoints (ready, not draining, not deleting,
+with an IP and a slot count from their serving plan). Watch threads hand objects
+to `apply_*` on the event loop; request handlers read. Waiters for a model at
+zero are woken when its first endpoint appears."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from kama.durations import parse_duration
+from kama.serving_pod import DEPLOYMENT_LABEL, DRAINING_LABEL
+
+DEFAULT_COLD_START_S = 600.0
+DEFAULT_MAX_QUEUED = 100
+LATENCY_SMOOTHING = 0.2
+
+
+@dataclass
+class Endpoint:
+    pod: str
+    ip: str
+    slots: int
+    in_flight: int = 0
+    processing: int = 0  # from llama-server's metrics (all gateways' requests)
+    deferred: int = 0  # queued inside llama-server
+    latency_s: float = 0.0  # smoothed time to response headers
+    served: int = 0
+
+    def pressure(self) -> float:
+        return (max(self.in_flight, self.processing) + self.deferred) / max(self.slots, 1)
+
+    def observe_latency(self, seconds: float) -> None:
+        if self.latency_s == 0.0:
+            self.latency_s = seconds
+        else:
+            self.latency_s += LATENCY_SMOOTHING * (seconds - self.latency_s)
+
+
+@dataclass
+class Model:
+    namespace: str
+    name: str
+    uid: str
+    aliases: tuple[str, ...] = ()
+    max_queued: int = DEFAULT_MAX_QUEUED
+    cold_start_s: float = DEFAULT_COLD_START_S
+    reason: str = ""
+    endpoints: dict[str, Endpoint] = field(default_factory=dict)
+    held: int = 0  # requests waiting for a replica
+    in_flight: int = 0
+    requests_since_report: int = 0
+    created: int = 0
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def _slots(pod: dict[str, Any]) -> int:
+    for container in pod.get("spec", {}).get("containers") or []:
+        for env in container.get("env") or []:
+            if env.get("name") == "KAMA_SERVING_PLAN" and env.get("value"):
+                return int(json.loads(env["value"]).get("concurrency", 1))
+    return 1
+
+
+def _routable(pod: dict[str, Any]) -> bool:
+    meta, status = pod.get("metadata", {}), pod.get("status") or {}
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    return (
+        ready
+        and bool(status.get("podIP"))
+        and not meta.get("deletionTimestamp")
+        and (meta.get("labels") or {}).get(DRAINING_LABEL) != "true"
+    )
+
+
+def _reason(status: dict[str, Any]) -> str:
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    for kind in ("ArtifactReady", "FitFailed", "RuntimeReady"):
+        c = conditions.get(kind)
+        bad = c is not None and (c.get("status") == "True") == (kind == "FitFailed")
+        if c is not None and bad and c.get("reason") not in ("ScaledToZero", "Starting"):
+            return f"{c.get('reason')}: {c.get('message')}"
+    return str(status.get("reason") or "")
+
+
+class ModelRegistry:
+    def __init__(self) -> None:
+        self.models: dict[str, Model] = {}
+        self._pods: dict[str, tuple[str, dict[str, Any]]] = {}  # ns/pod -> (model key, pod)
+        self.synced: set[str] = set()
+
+    # name resolution ------------------------------------------------------------
+
+    def resolve(self, name: str) -> Model | None:
+        """`<namespace>/<name>`, or an alias no other model uses."""
+        if name in self.models:
+            return self.models[name]
+        matches = [m for m in self.models.values() if name in m.aliases]
+        return matches[0] if len(matches) == 1 else None
+
+    # watch events (on the event loop) -------------------------------------------
+
+    def apply_deployment(self, event: str, obj: dict[str, Any]) -> None:
+        meta, spec = obj["metadata"], obj.get("spec") or {}
+        key = f"{meta['namespace']}/{meta['name']}"
+        if event == "DELETED" or meta.get("deletionTimestamp"):
+            model = self.models.pop(key, None)
+            if model is not None:
+                model.ready.set()  # release waiters; they find the model gone
+            return
+        scaling = spec.get("scaling") or {}
+        model = self.models.get(key)
+        if model is None or model.uid != meta["uid"]:
+            model = Model(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+            self.models[key] = model
+            for pod_key, (owner, pod) in list(self._pods.items()):
+                if owner == key:
+                    self._place_pod(pod_key, owner, pod)
+        model.aliases = tuple(spec.get("aliases") or ())
+        model.max_queued = int(scaling.get("maxQueuedRequests", DEFAULT_MAX_QUEUED))
+        model.cold_start_s = parse_duration(scaling.get("coldStartTimeout", "10m")).total_seconds()
+        model.reason = _reason(obj.get("status") or {})
+        model.created = int(_created(meta))
+
+    def apply_pod(self, event: str, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        deployment = (meta.get("labels") or {}).get(DEPLOYMENT_LABEL)
+        if not deployment:
+            return
+        pod_key = f"{meta['namespace']}/{meta['name']}"
+        owner = f"{meta['namespace']}/{deployment}"
+        if event == "DELETED":
+            self._pods.pop(pod_key, None)
+            model = self.models.get(owner)
+            if model is not None:
+                model.endpoints.pop(meta["name"], None)
+                self._update_ready(model)
+            return
+        self._pods[pod_key] = (owner, pod)
+        self._place_pod(pod_key, owner, pod)
+
+    def _place_pod(self, pod_key: str, owner: str, pod: dict[str, Any]) -> None:
+        model = self.models.get(owner)
+        if model is None:
+            return
+        name = pod["metadata"]["name"]
+        if _routable(pod):
+            ip = pod["status"]["podIP"]
+            current = model.endpoints.get(name)
+            if current is None or current.ip != ip:
+                model.endpoints[name] = Endpoint(pod=name, ip=ip, slots=_slots(pod))
+        else:
+            model.endpoints.pop(name, None)
+        self._update_ready(model)
+
+    def _update_ready(self, model: Model) -> None:
+        if model.endpoints:
+            model.ready.set()
+        else:
+            model.ready.clear()
+
+    def drop_endpoint(self, model: Model, endpoint: Endpoint) -> None:
+        """A connection to it failed: stop routing there until the watch says otherwise."""
+        model.endpoints.pop(endpoint.pod, None)
+        self._update_ready(model)
+
+
+def _created(meta: dict[str, Any]) -> float:
+    stamp = meta.get("creationTimestamp")
+    if not stamp:
+        return 0.0
+    return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()

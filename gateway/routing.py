@@ -1,0 +1,16 @@
+"""Which replica takes the next request: the least slot pressure
+((in-flight + queued at the backend) / slots), ties broken by recent latency, then
+by how many requests each has served. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from gateway.registry import Endpoint
+
+
+def choose_endpoint(endpoints: Iterable[Endpoint], *, exclude: frozenset[str]) -> Endpoint | None:
+    candidates = [e for e in endpoints if e.pod not in exclude]
+    if not candidates:
+        return None
+    return min(candidates, key=lambda e: (e.pressure(), e.latency_s, e.served, e.pod))

@@ -1,0 +1,107 @@
+"""Requests for a model with no ready replica: start (or join) its WakeWorkflow and
+hold the request in a bounded per-model queue until the first endpoint appears.
+Overflow is 429, the cold-start timeout 503; both carry Retry-After, and the 503
+says why the deployment is not serving."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from temporalio.client import Client
+from temporalio.common import (
+    SearchAttributeKey,
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+)
+
+from activities.kube import ObjectRef
+from gateway.errors import GatewayError
+from gateway.metrics import GatewayMetrics
+from gateway.registry import Model
+from workflows.wake import WakeInput, WakeWorkflow
+
+log = logging.getLogger("kama.gateway")
+
+RETRY_AFTER_QUEUE_FULL_S = 5
+RETRY_AFTER_COLD_START_S = 30
+KAMA_KIND = SearchAttributeKey.for_keyword("KamaKind")
+KAMA_NAMESPACE = SearchAttributeKey.for_keyword("KamaNamespace")
+KAMA_NAME = SearchAttributeKey.for_keyword("KamaName")
+
+
+class Waker:
+    def __init__(self, *, client: Client, task_queue: str, metrics: GatewayMetrics) -> None:
+        self.client = client
+        self.task_queue = task_queue
+        self.metrics = metrics
+        self._starting: dict[str, asyncio.Task[None]] = {}
+
+    async def _start_wake(self, model: Model) -> None:
+        await self.client.start_workflow(
+            WakeWorkflow.run,
+            WakeInput(
+                ref=ObjectRef(namespace=model.namespace, name=model.name, uid=model.uid),
+                timeout_s=model.cold_start_s,
+            ),
+            id=f"wake/{model.namespace}/{model.name}",
+            task_queue=self.task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            search_attributes=TypedSearchAttributes(
+                [
+                    SearchAttributePair(KAMA_KIND, "ModelDeployment"),
+                    SearchAttributePair(KAMA_NAMESPACE, model.namespace),
+                    SearchAttributePair(KAMA_NAME, model.name),
+                ]
+            ),
+        )
+        self.metrics.cold_starts.labels(model.key).inc()
+
+    def _ensure_wake(self, model: Model) -> None:
+        task = self._starting.get(model.key)
+        if task is None or task.done():
+            task = asyncio.create_task(self._start_wake(model))
+            self._starting[model.key] = task
+            task.add_done_callback(_log_failure)
+
+    async def hold_until_ready(self, model: Model) -> None:
+        """Return once the model has an endpoint; raise GatewayError 429/503 otherwise."""
+        if model.endpoints:
+            return
+        if model.held >= model.max_queued:
+            raise GatewayError(
+                429,
+                f"model {model.key} is starting and its queue is full "
+                f"({model.max_queued} requests); retry later",
+                type="rate_limit_error",
+                code="queue_full",
+                retry_after_s=RETRY_AFTER_QUEUE_FULL_S,
+            )
+        model.held += 1
+        self.metrics.queued.labels(model.key).inc()
+        started = time.monotonic()
+        try:
+            self._ensure_wake(model)
+            await asyncio.wait_for(model.ready.wait(), timeout=model.cold_start_s)
+        except TimeoutError:
+            why = model.reason or "no replica became ready"
+            raise GatewayError(
+                503,
+                f"model {model.key} did not become ready within {model.cold_start_s:.0f}s: {why}",
+                type="service_unavailable",
+                code="cold_start_timeout",
+                retry_after_s=RETRY_AFTER_COLD_START_S,
+            ) from None
+        finally:
+            model.held -= 1
+            self.metrics.queued.labels(model.key).dec()
+        waited = time.monotonic() - started
+        self.metrics.queue_wait.labels(model.key).observe(waited)
+        self.metrics.cold_start_duration.labels(model.key).observe(waited)
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("starting the wake workflow failed: %s", task.exception())

@@ -1,0 +1,78 @@
+"""WakeWorkflow (`wake/<ns>/<name>`): bring a model at zero back to one ready replica.
+
+The gateway starts it with the "use existing" conflict policy when a request finds
+no ready replica, so a burst of first requests starts one wake. It asks the
+DeploymentWorkflow to scale up (signal `wake`; the scale-up itself is the
+deployment's decision and goes through `/scale`), then waits until a replica is
+ready, or fails after the cold-start timeout saying what it saw."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.exceptions import ApplicationError
+
+from workflows.kube_calls import call_kube
+
+with workflow.unsafe.imports_passed_through():
+    from activities.kube import ObjectRef
+    from activities.serving_pods import PodsRequest, ServingPodActivities
+    from kama.rollout import ObservedPod
+
+READY_POLL = timedelta(seconds=1)
+
+
+@dataclass(frozen=True)
+class WakeInput:
+    ref: ObjectRef  # the ModelDeployment
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class WakeResult:
+    ready_pods: int
+    waited_s: float
+
+
+def deployment_workflow_id(ref: ObjectRef) -> str:
+    return f"deployment/{ref.namespace}/{ref.name}/{ref.uid}"
+
+
+@workflow.defn(name="Wake model deployment")
+class WakeWorkflow:
+    def __init__(self) -> None:
+        self._doing = "starting"
+
+    @workflow.query(name="status")
+    def status(self) -> dict[str, str]:
+        return {"doing": self._doing}
+
+    @workflow.run
+    async def run(self, request: WakeInput) -> WakeResult:
+        started = workflow.now()
+        self._doing = "asking the deployment to scale up"
+        await workflow.get_external_workflow_handle(deployment_workflow_id(request.ref)).signal(
+            "wake"
+        )
+        deadline = started + timedelta(seconds=request.timeout_s)
+        while True:
+            pods: list[ObservedPod] = await call_kube(
+                ServingPodActivities.list_pods,
+                PodsRequest(namespace=request.ref.namespace, deployment=request.ref.name),
+            )
+            ready = [p for p in pods if p.ready and p.serving]
+            if ready:
+                return WakeResult(
+                    ready_pods=len(ready), waited_s=(workflow.now() - started).total_seconds()
+                )
+            if workflow.now() >= deadline:
+                seen = ", ".join(f"{p.name} {p.phase}" for p in pods) or "no pods"
+                raise ApplicationError(
+                    f"no ready replica after {request.timeout_s:.0f}s ({seen})",
+                    type="ColdStartTimeout",
+                    non_retryable=True,
+                )
+            self._doing = f"waiting for a ready replica ({len(pods)} pod(s))"
+            await workflow.sleep(READY_POLL)
