@@ -10,11 +10,12 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import httpx
 import pytest
 
 from localstack.binaries import REPO_ROOT
 from localstack.hub import HubFixture
-from localstack.processes import ManagedProcess, processes_with_marker
+from localstack.processes import ManagedProcess, free_port, processes_with_marker, wait_until
 from localstack.stack import KAMA_IMAGE, LocalStack
 from tests.support import eventually, kubectl
 
@@ -98,12 +99,17 @@ class KamaControl:
 
 
 def _kama_process(
-    stack: LocalStack, command: str, env: dict[str, str], *, name: str | None = None
+    stack: LocalStack,
+    command: str,
+    env: dict[str, str],
+    *,
+    name: str | None = None,
+    extra_args: list[str] | None = None,
 ) -> ManagedProcess:
     label = name or command
     return ManagedProcess(
         name=f"kama-{label}",
-        argv=[sys.executable, "-m", "kama.cli", command],
+        argv=[sys.executable, "-m", "kama.cli", command, *(extra_args or [])],
         log_path=stack.workdir / "logs" / f"kama-{label}.log",
         stack_id=stack.stack_id,
         env={**os.environ, **env},
@@ -135,3 +141,37 @@ def kama_control(crds: LocalStack, hub: HubFixture) -> Iterator[KamaControl]:
         control.watcher.stop(grace=5)
         control.second_watcher.stop(grace=5)
         control.worker.stop(grace=5)
+
+
+@dataclass
+class GatewayProcess:
+    url: str
+    process: ManagedProcess
+    control: KamaControl
+
+
+@pytest.fixture(scope="session")
+def gateway(kama_control: KamaControl) -> Iterator[GatewayProcess]:
+    """`kama gateway` as a process on a free loopback port, ready once its watches listed."""
+    port = free_port()
+    process = _kama_process(
+        kama_control.stack,
+        "gateway",
+        kama_control.env,
+        name="gateway",
+        extra_args=["--host", "127.0.0.1", "--port", str(port)],
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        process.check_alive()
+        try:
+            return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until(ready, timeout=60, what="the gateway to be ready")
+        yield GatewayProcess(url=url, process=process, control=kama_control)
+    finally:
+        process.stop(grace=5)

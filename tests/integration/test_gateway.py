@@ -1,0 +1,345 @@
+"""The gateway on the local stack with real llama-server replicas and the real
+`openai` client: OpenAI and native routes, errors in the OpenAI shape, admin routes
+refused, streaming with cancellation reaching llama-server, load split by slot
+pressure, a killed replica routed around, scale from zero through one wake
+workflow with a bounded queue, a 503 with the reason when a model cannot start,
+and idle scale-down that an active stream holds off."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from kama.serving_plan import LLAMA_PORT
+from tests.conftest import GatewayProcess
+from tests.integration.test_artifact_plane import condition
+from tests.integration.test_serving_plane import (
+    SERVE_TIMEOUT,
+    deployment,
+    llama_server_pid,
+    md,
+    ready_artifact,
+    routable,
+    serving_pods,
+    wait_ready,
+)
+from tests.support import apply, eventually, kubectl
+
+
+def client(gw: GatewayProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def serve(
+    gw: GatewayProcess, namespace: str, tmp_path: Path, name: str, seed: int, **spec: Any
+) -> None:
+    control = gw.control
+    ready_artifact(control, namespace, tmp_path, name=f"{name}-model", seed=seed, n_ctx=8192)
+    apply(control.stack, deployment(namespace, name, f"{name}-model", **spec))
+
+
+def test_openai_and_native_routes(gateway: GatewayProcess, namespace: str, tmp_path: Path) -> None:
+    gw = gateway
+    serve(
+        gw, namespace, tmp_path, "chat", 71,
+        replicas=1, aliases=[f"tiny-{namespace}"],
+        runtime={"contextSize": 8192, "concurrency": 2}, resources={"cpu": "100m"},
+    )  # fmt: skip
+    wait_ready(gw.control, namespace, "chat", 1)
+    api = client(gw)
+    model = f"{namespace}/chat"
+    eventually(
+        lambda: any(m.id == model and getattr(m, "ready", False) for m in api.models.list().data),
+        timeout=30,
+        what="the model listed as ready",
+    )
+    reply = api.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=8
+    )
+    assert reply.choices[0].message.content and reply.usage and reply.usage.completion_tokens > 0
+    chunks = list(
+        api.chat.completions.create(
+            model=f"tiny-{namespace}",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=8,
+            stream=True,
+        )
+    )
+    assert len(chunks) > 2 and any(c.choices and c.choices[0].delta.content for c in chunks)
+    completion = api.completions.create(model=model, prompt="once upon", max_tokens=8)
+    assert completion.choices[0].text
+    native = httpx.post(
+        f"{gw.url}/completion",
+        headers={"X-Kama-Model": model},
+        json={"prompt": "once upon", "n_predict": 4},
+        timeout=60,
+    )
+    assert native.status_code == 200 and native.json()["content"]
+    tokens = httpx.post(
+        f"{gw.url}/models/{namespace}/chat/tokenize", json={"content": "hello"}, timeout=30
+    )
+    assert tokens.status_code == 200 and tokens.json()["tokens"]
+
+    # errors, in the OpenAI shape
+    with pytest.raises(openai.NotFoundError) as missing:
+        api.chat.completions.create(
+            model=f"{namespace}/nope", messages=[{"role": "user", "content": "x"}]
+        )
+    assert "does not exist" in str(missing.value)
+    for method, path in (("POST", "/slots/0?action=erase"), ("POST", "/props"), ("GET", "/slots")):
+        refused = httpx.request(method, f"{gw.url}{path}", json={}, timeout=10)
+        assert refused.status_code in (403, 404) and refused.json()["error"]["message"]
+    big = httpx.post(
+        f"{gw.url}/v1/completions",
+        content=b'{"model": "x", "prompt": "' + b"a" * (9 * 1024 * 1024) + b'"}',
+        headers={"content-type": "application/json"},
+        timeout=30,
+    )
+    assert big.status_code == 413 and big.json()["error"]["code"] == "body_too_large"
+    bad = httpx.post(
+        f"{gw.url}/v1/chat/completions",
+        content=b"{not json",
+        headers={"content-type": "application/json"},
+        timeout=10,
+    )
+    assert bad.status_code == 400 and "not valid JSON" in bad.json()["error"]["message"]
+
+    # a client that goes away mid-stream frees its slot
+    (pod,) = routable(serving_pods(gw.control, namespace, "chat"))
+    ip = pod["status"]["podIP"]
+    with httpx.stream(
+        "POST",
+        f"{gw.url}/v1/completions",
+        json={"model": model, "prompt": "tell a long story", "max_tokens": 6000, "stream": True,
+              "ignore_eos": True},
+        timeout=60,
+    ) as stream:  # fmt: skip
+        lines = stream.iter_lines()
+        assert any(line.startswith("data:") for line in [next(lines), next(lines), next(lines)])
+        busy = httpx.get(f"http://{ip}:{LLAMA_PORT}/slots", timeout=5).json()
+        assert any(s["is_processing"] for s in busy)
+    closed = time.monotonic()
+    eventually(
+        lambda: (
+            not any(
+                s["is_processing"]
+                for s in httpx.get(f"http://{ip}:{LLAMA_PORT}/slots", timeout=5).json()
+            )
+        ),
+        timeout=10,
+        what="the slot to go idle after the client left",
+    )
+    assert time.monotonic() - closed < 2.0, "cancellation reached llama-server"
+    metrics = httpx.get(f"{gw.url}/metrics", timeout=10).text
+    assert f'kama_gateway_requests_total{{code="200",model="{model}",route="chat"}}' in metrics
+    assert "tell a long story" not in metrics
+
+
+def completion_pod(gw: GatewayProcess, model: str, max_tokens: int = 24) -> str:
+    try:
+        r = httpx.post(
+            f"{gw.url}/v1/completions",
+            json={"model": model, "prompt": "count", "max_tokens": max_tokens, "ignore_eos": True},
+            timeout=60,
+        )
+    except httpx.HTTPError as exc:
+        return f"error:{type(exc).__name__}"
+    return r.headers.get("x-kama-pod", "") if r.status_code == 200 else f"status:{r.status_code}"
+
+
+def test_load_split_by_slot_pressure_and_killed_replica(
+    gateway: GatewayProcess, namespace: str, tmp_path: Path
+) -> None:
+    gw = gateway
+    serve(
+        gw, namespace, tmp_path, "pair", 72,
+        replicas=2, runtime={"contextSize": 512, "concurrency": 4},
+        resources={"cpu": "100m"}, scaling={"maxReplicas": 2, "minReplicas": 2},
+    )  # fmt: skip
+    wait_ready(gw.control, namespace, "pair", 2)
+    model = f"{namespace}/pair"
+    eventually(lambda: completion_pod(gw, model, 1).startswith("pair-"), timeout=30, what="routing")
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        pods = list(pool.map(lambda _: completion_pod(gw, model), range(32)))
+    counts = Counter(pods)
+    assert all(p.startswith("pair-") for p in pods), counts
+    assert len(counts) == 2 and min(counts.values()) >= 10, f"load split by slots: {counts}"
+
+    victim = sorted(counts)[0]
+    (victim_pod,) = [
+        p for p in serving_pods(gw.control, namespace, "pair") if p["metadata"]["name"] == victim
+    ]
+    pid = llama_server_pid(victim_pod["status"]["podIP"])
+    assert pid is not None
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        during = [pool.submit(completion_pod, gw, model, 64) for _ in range(32)]
+        time.sleep(0.3)
+        os.kill(pid, signal.SIGKILL)
+        finished = [f.result(timeout=90) for f in during]  # none hangs
+    assert len(finished) == 32
+    after = [completion_pod(gw, model, 4) for _ in range(8)]
+    assert all(p.startswith("pair-") and p != victim for p in after), after
+
+
+def wake_workflows(gw: GatewayProcess, namespace: str, name: str) -> list[str]:
+    stack = gw.control.stack
+    listed = subprocess.run(
+        [
+            str(stack.binaries.temporal), "workflow", "list", "--address", stack.temporal.address,
+            "--query", f"WorkflowId = 'wake/{namespace}/{name}'", "--output", "json",
+        ],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return [row["execution"]["runId"] for row in json.loads(listed or "[]")]
+
+
+def scale_events(gw: GatewayProcess, namespace: str, name: str) -> list[str]:
+    events = json.loads(
+        kubectl(
+            gw.control.stack, "get", "events", "-n", namespace, "-o", "json",
+            "--field-selector", f"involvedObject.name={name},reason=Scaled",
+        ).stdout
+    )["items"]  # fmt: skip
+    return [e["message"] for e in events]
+
+
+def test_scale_from_zero_wakes_once(
+    gateway: GatewayProcess, namespace: str, tmp_path: Path
+) -> None:
+    gw = gateway
+    serve(
+        gw, namespace, tmp_path, "sleepy", 73,
+        runtime={"contextSize": 512, "concurrency": 4}, resources={"cpu": "100m"},
+        scaling={"maxQueuedRequests": 50, "coldStartTimeout": "2m"},
+    )  # fmt: skip
+    eventually(
+        lambda: (
+            (condition(md(gw.control, namespace, "sleepy"), "ScaledToZero") or {}).get("status")
+            == "True"
+        ),
+        timeout=60,
+        what="the deployment at zero",
+    )
+    assert serving_pods(gw.control, namespace, "sleepy") == []
+    model = f"{namespace}/sleepy"
+    with concurrent.futures.ThreadPoolExecutor(20) as pool:
+        answered = list(pool.map(lambda _: completion_pod(gw, model, 4), range(20)))
+    assert all(p.startswith("sleepy-") for p in answered), Counter(answered)
+    assert len(wake_workflows(gw, namespace, "sleepy")) == 1
+    woken = [m for m in scale_events(gw, namespace, "sleepy") if "request arrived" in m]
+    assert len(woken) == 1, woken
+    assert md(gw.control, namespace, "sleepy")["spec"]["replicas"] == 1
+    assert md(gw.control, namespace, "sleepy")["status"].get("lastWake")
+
+
+def test_queue_overflow_and_unstartable_model(
+    gateway: GatewayProcess, namespace: str, tmp_path: Path
+) -> None:
+    gw = gateway
+    serve(
+        gw, namespace, tmp_path, "narrow", 74,
+        runtime={"contextSize": 512}, resources={"cpu": "100m"},
+        scaling={"maxQueuedRequests": 2},
+    )  # fmt: skip
+    model = f"{namespace}/narrow"
+    eventually(
+        lambda: md(gw.control, namespace, "narrow").get("status", {}).get("fingerprint"),
+        timeout=60,
+        what="planned",
+    )
+
+    def call(_: int) -> httpx.Response:
+        return httpx.post(
+            f"{gw.url}/v1/completions",
+            json={"model": model, "prompt": "x", "max_tokens": 2},
+            timeout=120,
+        )
+
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        responses = list(pool.map(call, range(6)))
+    codes = Counter(r.status_code for r in responses)
+    assert codes[429] >= 1 and codes[200] >= 1, codes
+    limited = next(r for r in responses if r.status_code == 429)
+    assert limited.headers["retry-after"] and limited.json()["error"]["code"] == "queue_full"
+
+    apply(
+        gw.control.stack,
+        deployment(
+            namespace, "toolarge", "narrow-model",
+            placement={"mode": "CPU"},
+            runtime={"contextSize": 1 << 22, "concurrency": 256},
+            scaling={"coldStartTimeout": "4s"},
+        ),
+    )  # fmt: skip
+    eventually(
+        lambda: (
+            (condition(md(gw.control, namespace, "toolarge"), "FitFailed") or {}).get("status")
+            == "True"
+        ),
+        timeout=60,
+        what="FitFailed",
+    )
+    time.sleep(1)  # let the gateway's watch see the reason
+    refused = httpx.post(
+        f"{gw.url}/v1/completions",
+        json={"model": f"{namespace}/toolarge", "prompt": "x", "max_tokens": 2},
+        timeout=60,
+    )
+    assert refused.status_code == 503 and refused.headers["retry-after"]
+    assert "FitFailed" in refused.json()["error"]["message"]
+
+
+def test_idle_model_goes_back_to_zero_unless_streaming(
+    gateway: GatewayProcess, namespace: str, tmp_path: Path
+) -> None:
+    gw = gateway
+    serve(
+        gw, namespace, tmp_path, "idler", 75,
+        replicas=1, runtime={"contextSize": 8192}, resources={"cpu": "100m"},
+        scaling={"idleTimeout": "4s", "drainTimeout": "10s"},
+    )  # fmt: skip
+    wait_ready(gw.control, namespace, "idler", 1)
+    model = f"{namespace}/idler"
+    with httpx.stream(
+        "POST",
+        f"{gw.url}/v1/completions",
+        json={
+            "model": model,
+            "prompt": "go",
+            "max_tokens": 8000,
+            "stream": True,
+            "ignore_eos": True,
+        },
+        timeout=120,
+    ) as stream:
+        started = time.monotonic()
+        for number, _line in enumerate(stream.iter_lines()):
+            if time.monotonic() - started > 10:  # well past the 4s idleTimeout
+                break
+            if number % 20 == 0:
+                assert md(gw.control, namespace, "idler")["spec"]["replicas"] == 1, (
+                    "kept up while a stream is active"
+                )
+            time.sleep(0.05)  # a slow reader: the request stays in flight
+        assert time.monotonic() - started > 10, "the stream lasted past the idle timeout"
+        assert md(gw.control, namespace, "idler")["spec"]["replicas"] == 1
+    eventually(
+        lambda: (
+            md(gw.control, namespace, "idler")["spec"]["replicas"] == 0
+            and not serving_pods(gw.control, namespace, "idler")
+        ),
+        timeout=SERVE_TIMEOUT,
+        what="idle scale to zero",
+    )
+    assert any("idleTimeout" in m for m in scale_events(gw, namespace, "idler"))
