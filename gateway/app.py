@@ -11,6 +11,7 @@ backend-load poller and the demand reporter."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import threading
@@ -123,16 +124,48 @@ def start_watches(
         "pods": registry.apply_pod,
     }
     for target in (deployments, pods):
+        apply = appliers[target.name]
 
-        def on_object(kind: str, obj: dict[str, Any], name: str = target.name) -> None:
-            loop.call_soon_threadsafe(appliers[name], kind, obj)
-            loop.call_soon_threadsafe(synced.add, name)
+        def on_object(
+            kind: str, obj: dict[str, Any], apply: Callable[[str, dict[str, Any]], None] = apply
+        ) -> None:
+            loop.call_soon_threadsafe(apply, kind, obj)
 
+        listing = _marking_synced(
+            list_fn=target.list_fn,
+            on_object=on_object,
+            mark=functools.partial(loop.call_soon_threadsafe, synced.add, target.name),
+        )
         threading.Thread(
             target=run_watch,
-            kwargs={"target": target, "on_object": on_object, "stop": stop},
+            kwargs={
+                "target": WatchTarget(name=target.name, list_fn=listing, kwargs=target.kwargs),
+                "on_object": on_object,
+                "stop": stop,
+            },
             daemon=True,
         ).start()
+
+
+def _marking_synced(
+    *,
+    list_fn: Callable[..., Any],
+    on_object: Callable[[str, dict[str, Any]], None],
+    mark: Callable[[], object],
+) -> Callable[..., Any]:
+    """A list call that hands its items over and then marks the collection synced
+    (the watch loop hands them over again, which is harmless)."""
+
+    @functools.wraps(list_fn)
+    def call(**kwargs: Any) -> Any:
+        result = list_fn(**kwargs)
+        if not kwargs.get("watch"):
+            for item in result.get("items", []):
+                on_object("SYNC", item)
+            mark()
+        return result
+
+    return call
 
 
 def create_app(*, settings: Settings, api_factory: Callable[[], k8s.ApiClient]) -> FastAPI:
