@@ -23,7 +23,7 @@ from kama.config import Settings
 
 def _dev(args: argparse.Namespace) -> int:
     # imported lazily: the local stack is development tooling, not part of Kama's runtime
-    from localstack.demo import LLAMA_PORT, run_demo
+    from localstack.kama_demo import DEMO_MODEL, DEMO_NAMESPACE, start_kama_demo
     from localstack.stack import LocalStack
 
     stop = threading.Event()
@@ -36,22 +36,26 @@ def _dev(args: argparse.Namespace) -> int:
     print("kama dev: building or finding binaries, then starting the local stack…", flush=True)
     started = time.monotonic()
     stack = LocalStack().start()
+    demo = None
     try:
-        pod_ip = run_demo(stack)
+        demo = start_kama_demo(stack)
         chat = (
-            f"curl -s http://{pod_ip}:{LLAMA_PORT}/v1/chat/completions -H 'Content-Type: application/json' "
-            """-d '{"messages":[{"role":"user","content":"Hello"}],"max_tokens":16}'"""
+            f"curl -s {demo.gateway_url}/v1/chat/completions -H 'Content-Type: application/json' "
+            f"""-d '{{"model":"{DEMO_MODEL}","messages":[{{"role":"user","content":"Hello"}}],"max_tokens":16}}'"""
         )
         print(
             "\n".join(
                 [
                     "",
-                    f"Kama local stack is up ({time.monotonic() - started:.1f}s).",
+                    f"Kama is up on the local stack ({time.monotonic() - started:.1f}s).",
                     f"  export KUBECONFIG={stack.kubeconfig}",
                     f"  kubectl:      {stack.binaries.kubectl}",
                     f"  Temporal:     {stack.temporal.address}  (UI {stack.temporal.ui_url})",
-                    "  demo model:   kubectl -n kama-demo get pods -o wide",
+                    f"  gateway:      {demo.gateway_url}  (OpenAI base URL {demo.gateway_url}/v1)",
+                    f"  demo model:   {DEMO_MODEL} (at zero replicas: the first request wakes it)",
+                    f"  resources:    kubectl -n {DEMO_NAMESPACE} get ma,md,pods",
                     f"  chat:         {chat}",
+                    f"  logs:         {stack.workdir / 'logs'}",
                     "",
                     "Ctrl-C tears everything down.",
                 ]
@@ -64,6 +68,8 @@ def _dev(args: argparse.Namespace) -> int:
             stop.wait()
     finally:
         print("kama dev: stopping…", flush=True)
+        if demo is not None:
+            demo.stop()
         leftovers = stack.stop()
         stack.remove_workdir()
         if leftovers:

@@ -6,6 +6,7 @@ FitFailed with numbers, and drains its pods on deletion while the artifact stays
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -16,6 +17,8 @@ from typing import Any
 
 import httpx
 import openai
+from temporalio.client import Client
+from temporalio.worker import Replayer
 
 from kama.serving_plan import LLAMA_PORT
 from kama.testing.gguf_factory import ModelShape, write_model
@@ -23,6 +26,10 @@ from localstack.stack import GPUNode
 from tests.conftest import KamaControl
 from tests.integration.test_artifact_plane import cache, condition, hf_artifact, wait_condition
 from tests.support import apply, eventually, get_json, kubectl
+from workflows.deployment import DeploymentWorkflow
+from workflows.drain import DrainWorkflow
+from workflows.rollout import RolloutWorkflow
+from workflows.wake import WakeWorkflow
 
 SERVE_TIMEOUT = 180
 
@@ -420,3 +427,25 @@ def test_gpu_deployment_is_bound_where_the_planner_chose(
             )
         for node in (small, big):
             kubectl(control.stack, "delete", "node", node.name, "--wait=false")
+
+
+def test_serving_workflow_histories_replay(kama_control: KamaControl) -> None:
+    """Every serving-plane history recorded so far in this session (deployments,
+    rollouts, drains, wakes) replays against the current workflow code."""
+
+    async def replay() -> int:
+        client = await Client.connect(kama_control.stack.temporal.address)
+        types = ("Keep model deployment", "Roll out model deployment", "Drain serving pod")
+        query = " OR ".join(f"WorkflowType = '{t}'" for t in types)
+        histories = [
+            await client.get_workflow_handle(w.id, run_id=w.run_id).fetch_history()
+            async for w in client.list_workflows(query)
+        ]
+        replayer = Replayer(
+            workflows=[DeploymentWorkflow, RolloutWorkflow, DrainWorkflow, WakeWorkflow]
+        )
+        for history in histories:
+            await replayer.replay_workflow(history)  # raises on non-determinism
+        return len(histories)
+
+    assert asyncio.run(replay()) >= 3

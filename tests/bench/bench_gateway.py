@@ -1,0 +1,345 @@
+"""Benchmarks of the gateway (run on demand: `make bench`), each against a baseline
+measured in the same run, printed and written to bench-results/.
+
+- added latency: short non-streamed completions and time to first byte of streamed
+  ones, through the gateway vs straight to the same llama-server pod, interleaved,
+  at concurrency 1, 16 and 64 (targets at concurrency 1: ≤ 1 ms p50, ≤ 5 ms p99 added)
+- throughput at concurrency 64 against a fast upstream (a minimal HTTP server in a
+  pod, so the gateway is what is measured): gateway / direct (target ≥ 0.95)
+- scale from zero: time to first byte through the gateway for a model at zero,
+  minus llama-server's own start-to-healthy time for the same model and flags
+  measured in the same run (target ≤ 1 s p50)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from kama.serving_plan import LLAMA_PORT, ServingPlan
+from localstack.binaries import REPO_ROOT
+from localstack.processes import free_port
+from localstack.stack import SHELL_IMAGE
+from tests.conftest import GatewayProcess
+from tests.integration.test_serving_plane import (
+    deployment,
+    ready_artifact,
+    routable,
+    serving_pods,
+    wait_ready,
+)
+from tests.support import apply, eventually, get_json, kubectl
+
+RESULTS = REPO_ROOT / "bench-results"
+ROUNDS = 5
+FAST_REQUESTS = 3000
+
+FAST_UPSTREAM = """
+import asyncio, os
+BODY = b'{"choices":[{"text":"ok","index":0}],"object":"text_completion"}'
+RESPONSE = (b"HTTP/1.1 200 OK\\r\\ncontent-type: application/json\\r\\ncontent-length: "
+            + str(len(BODY)).encode() + b"\\r\\n\\r\\n" + BODY)
+async def handle(reader, writer):
+    try:
+        while True:
+            head = await reader.readuntil(b"\\r\\n\\r\\n")
+            length = 0
+            for line in head.split(b"\\r\\n"):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            if length:
+                await reader.readexactly(length)
+            writer.write(RESPONSE)
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        writer.close()
+async def main():
+    server = await asyncio.start_server(handle, os.environ["POD_IP"], 8080, backlog=1024)
+    async with server:
+        await server.serve_forever()
+asyncio.run(main())
+"""
+
+
+def record(name: str, data: dict[str, Any]) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2))
+    print(f"\n{name}: " + json.dumps(data, indent=2))
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+async def timed_batch(
+    http: httpx.AsyncClient,
+    *,
+    url: str,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    n: int,
+    concurrency: int,
+    stream: bool,
+) -> tuple[list[float], float]:
+    """Latencies (to the whole answer, or to the first byte when streaming) and wall time."""
+    latencies: list[float] = []
+    queue = list(range(n))
+
+    async def worker() -> None:
+        while queue:
+            queue.pop()
+            started = time.perf_counter()
+            if stream:
+                async with http.stream("POST", url, json=body, headers=headers) as response:
+                    async for _ in response.aiter_raw():
+                        latencies.append(time.perf_counter() - started)
+                        break
+                    async for _ in response.aiter_raw():
+                        pass
+            else:
+                response = await http.post(url, json=body, headers=headers)
+                response.read()
+                latencies.append(time.perf_counter() - started)
+            assert response.status_code == 200, response.status_code
+
+    wall = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return latencies, time.perf_counter() - wall
+
+
+def test_gateway_added_latency_and_throughput(
+    gateway: GatewayProcess, namespace: str, tmp_path: Path
+) -> None:
+    gw = gateway
+    control = gw.control
+    ready_artifact(control, namespace, tmp_path, name="bench", seed=81)
+    apply(
+        control.stack,
+        deployment(
+            namespace, "bench", "bench", replicas=1,
+            runtime={"contextSize": 256, "concurrency": 64}, resources={"cpu": "100m"},
+        ),
+    )  # fmt: skip
+    wait_ready(control, namespace, "bench", 1)
+    (pod,) = routable(serving_pods(control, namespace, "bench"))
+    direct = f"http://{pod['status']['podIP']}:{LLAMA_PORT}/v1/completions"
+    through = f"{gw.url}/v1/completions"
+    model = f"{namespace}/bench"
+    results: dict[str, Any] = {}
+
+    async def run() -> None:
+        limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+        async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+            for stream in (False, True):
+                body = {
+                    "model": model,
+                    "prompt": "hi",
+                    "max_tokens": 1 if not stream else 4,
+                    "stream": stream,
+                }
+                await timed_batch(
+                    http, url=through, body=body, headers={}, n=20, concurrency=4, stream=stream
+                )
+                for concurrency in (1, 16, 64):
+                    n = max(32, concurrency * 2)
+                    samples: dict[str, list[float]] = {"direct": [], "gateway": []}
+                    for _ in range(ROUNDS):  # interleaved: direct, gateway, direct, ...
+                        for name, url in (("direct", direct), ("gateway", through)):
+                            latencies, _ = await timed_batch(
+                                http,
+                                url=url,
+                                body=body,
+                                headers={},
+                                n=n,
+                                concurrency=concurrency,
+                                stream=stream,
+                            )
+                            samples[name] += latencies
+                    key = f"{'ttft' if stream else 'latency'}_c{concurrency}"
+                    row = {}
+                    for q in (50, 99):
+                        d, g = percentile(samples["direct"], q), percentile(samples["gateway"], q)
+                        row[f"direct_p{q}_ms"] = round(d * 1000, 2)
+                        row[f"gateway_p{q}_ms"] = round(g * 1000, 2)
+                        row[f"added_p{q}_ms"] = round((g - d) * 1000, 2)
+                    results[key] = row
+
+    asyncio.run(run())
+
+    # a fast upstream in a pod, so the gateway itself is what is measured
+    script = tmp_path / "fast_upstream.py"
+    script.write_text(FAST_UPSTREAM)
+    script.chmod(0o644)
+    tmp_path.chmod(0o755)
+    apply(control.stack, deployment(namespace, "fast", "no-such-artifact"))
+    plan = ServingPlan(entrypoint="x", manifest_digest="0" * 64, ctx_total=64, concurrency=64)
+    apply(
+        control.stack,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "fast-upstream",
+                "namespace": namespace,
+                "labels": {"kama.dev/role": "server", "kama.dev/deployment": "fast"},
+            },
+            "spec": {
+                "automountServiceAccountToken": False,
+                "containers": [
+                    {
+                        "name": "fast",
+                        "image": SHELL_IMAGE,
+                        "args": ["-c", f"exec {sys.executable} {script}"],
+                        "env": [
+                            {
+                                "name": "POD_IP",
+                                "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+                            },
+                            {"name": "KAMA_SERVING_PLAN", "value": plan.to_json()},
+                        ],
+                        "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
+                    }
+                ],
+            },
+        },
+    )
+    fast_ip = eventually(
+        lambda: (lambda p: p["status"]["podIP"] if routable([p]) else None)(
+            get_json(control.stack, "pod", "fast-upstream", "-n", namespace)
+        ),
+        timeout=60,
+        what="the fast upstream",
+    )
+    eventually(
+        lambda: (
+            httpx.post(through, json={"model": f"{namespace}/fast"}, timeout=5).status_code == 200
+        ),
+        timeout=30,
+        what="the gateway to route to the fast upstream",
+    )
+
+    async def throughput() -> None:
+        limits = httpx.Limits(max_connections=128, max_keepalive_connections=128)
+        async with httpx.AsyncClient(timeout=60, limits=limits) as http:
+            body = {"model": f"{namespace}/fast", "prompt": "x"}
+            walls: dict[str, list[float]] = {"direct": [], "gateway": []}
+            for _ in range(3):
+                for name, url in (
+                    ("direct", f"http://{fast_ip}:8080/v1/completions"),
+                    ("gateway", through),
+                ):
+                    _, wall = await timed_batch(
+                        http,
+                        url=url,
+                        body=body,
+                        headers={},
+                        n=FAST_REQUESTS,
+                        concurrency=64,
+                        stream=False,
+                    )
+                    walls[name].append(wall)
+            direct_rps = FAST_REQUESTS / statistics.median(walls["direct"])
+            gateway_rps = FAST_REQUESTS / statistics.median(walls["gateway"])
+            results["fast_upstream_c64"] = {
+                "direct_rps": round(direct_rps),
+                "gateway_rps": round(gateway_rps),
+                "ratio": round(gateway_rps / direct_rps, 3),
+            }
+
+    asyncio.run(throughput())
+    record("gateway_latency_throughput", results)
+    kubectl(
+        control.stack,
+        "delete",
+        "pod",
+        "fast-upstream",
+        "-n",
+        namespace,
+        "--grace-period=0",
+        "--force",
+    )
+
+
+def llama_start_to_healthy(binary: Path, model: Path, plan: ServingPlan) -> float:
+    port = free_port()
+    args = plan.llama_server_args(model_dir=str(model.parent), host="127.0.0.1", port=port)
+    started = time.perf_counter()
+    process = subprocess.Popen(
+        [str(binary), *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    return time.perf_counter() - started
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.02)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_scale_from_zero_overhead(gateway: GatewayProcess, namespace: str, tmp_path: Path) -> None:
+    gw = gateway
+    control = gw.control
+    artifact = ready_artifact(control, namespace, tmp_path, name="cold", seed=82)
+    apply(
+        control.stack,
+        deployment(
+            namespace, "cold", "cold",
+            runtime={"contextSize": 512, "concurrency": 2}, resources={"cpu": "100m"},
+            scaling={"idleTimeout": "10m"},
+        ),
+    )  # fmt: skip
+    fingerprint = eventually(
+        lambda: (
+            get_json(control.stack, "md", "cold", "-n", namespace)
+            .get("status", {})
+            .get("fingerprint")
+        ),
+        timeout=60,
+        what="the deployment planned",
+    )
+    assert fingerprint
+    digest = artifact["status"]["manifestDigest"].removeprefix("sha256:")
+    plan = ServingPlan(
+        entrypoint="model.gguf", manifest_digest=digest, ctx_total=1024, concurrency=2
+    )
+    model = tmp_path / "cold.gguf"
+    woken, healthy = [], []
+    for _ in range(3):
+        eventually(
+            lambda: serving_pods(control, namespace, "cold") == [], timeout=120, what="at zero"
+        )
+        time.sleep(1)
+        started = time.perf_counter()
+        with httpx.stream(
+            "POST", f"{gw.url}/v1/completions",
+            json={"model": f"{namespace}/cold", "prompt": "hi", "max_tokens": 1, "stream": True},
+            timeout=300,
+        ) as response:  # fmt: skip
+            for _ in response.iter_raw():
+                woken.append(time.perf_counter() - started)
+                break
+        healthy.append(llama_start_to_healthy(control.stack.binaries.llama_server, model, plan))
+        kubectl(control.stack, "scale", "md", "cold", "-n", namespace, "--replicas=0")
+    overheads = [w - h for w, h in zip(woken, healthy, strict=True)]
+    record(
+        "gateway_scale_from_zero",
+        {
+            "ttfb_from_zero_s": [round(w, 3) for w in woken],
+            "llama_start_to_healthy_s": [round(h, 3) for h in healthy],
+            "control_plane_overhead_p50_s": round(statistics.median(overheads), 3),
+            "target_p50_s": 1.0,
+        },
+    )

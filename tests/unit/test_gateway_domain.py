@@ -1,0 +1,123 @@
+"""The gateway's decisions without a network: which models and endpoints the watches
+yield, name resolution, routing by slot pressure, llama-server metrics parsing and
+the OpenAI error shape."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gateway.backend_load import parse_llama_metrics
+from gateway.errors import GatewayError
+from gateway.registry import Endpoint, ModelRegistry
+from gateway.routing import choose_endpoint
+from kama.serving_plan import ServingPlan
+
+
+def deployment(
+    name: str, *, uid: str = "u1", aliases: list[str] | None = None, **status: Any
+) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "namespace": "ns",
+            "name": name,
+            "uid": uid,
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+        },
+        "spec": {
+            "aliases": aliases or [],
+            "scaling": {"maxQueuedRequests": 7, "coldStartTimeout": "90s"},
+        },
+        "status": status,
+    }
+
+
+def pod(
+    name: str, *, ready: bool = True, draining: bool = False, ip: str = "10.0.0.1", slots: int = 4
+) -> dict[str, Any]:
+    plan = ServingPlan(
+        entrypoint="m.gguf", manifest_digest="a" * 64, ctx_total=1024, concurrency=slots
+    )
+    labels = {"kama.dev/deployment": "chat"}
+    if draining:
+        labels["kama.dev/draining"] = "true"
+    return {
+        "metadata": {"namespace": "ns", "name": name, "labels": labels},
+        "spec": {"containers": [{"env": [{"name": "KAMA_SERVING_PLAN", "value": plan.to_json()}]}]},
+        "status": {
+            "podIP": ip,
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def test_registry_tracks_routable_endpoints_and_readiness() -> None:
+    registry = ModelRegistry()
+    registry.apply_pod("ADDED", pod("p0"))  # before its deployment is known
+    registry.apply_deployment("ADDED", deployment("chat", aliases=["tiny"]))
+    model = registry.resolve("ns/chat")
+    assert model is not None and registry.resolve("tiny") is model
+    assert model.max_queued == 7 and model.cold_start_s == 90
+    assert (
+        set(model.endpoints) == {"p0"} and model.endpoints["p0"].slots == 4 and model.ready.is_set()
+    )
+    registry.apply_pod("MODIFIED", pod("p0", draining=True))
+    assert model.endpoints == {} and not model.ready.is_set()
+    registry.apply_pod("MODIFIED", pod("p1", ready=False))
+    assert model.endpoints == {}
+    registry.apply_pod("MODIFIED", pod("p1"))
+    registry.apply_pod("DELETED", pod("p1"))
+    assert model.endpoints == {}
+    registry.apply_deployment("DELETED", deployment("chat"))
+    assert registry.resolve("ns/chat") is None
+
+
+def test_aliases_must_be_unique_to_resolve() -> None:
+    registry = ModelRegistry()
+    registry.apply_deployment("ADDED", deployment("a", uid="1", aliases=["shared", "a1"]))
+    registry.apply_deployment("ADDED", deployment("b", uid="2", aliases=["shared"]))
+    assert registry.resolve("shared") is None and registry.resolve("a1") is not None
+    assert registry.resolve("ns/missing") is None
+
+
+def test_reason_comes_from_the_blocking_condition() -> None:
+    registry = ModelRegistry()
+    conditions = [
+        {"type": "FitFailed", "status": "True", "reason": "FitFailed", "message": "needs 9 GiB"}
+    ]
+    registry.apply_deployment("ADDED", deployment("big", conditions=conditions))
+    model = registry.resolve("ns/big")
+    assert model is not None and model.reason == "FitFailed: needs 9 GiB"
+
+
+def test_routing_prefers_least_slot_pressure_then_latency() -> None:
+    a = Endpoint(pod="a", ip="1", slots=4, in_flight=2)
+    b = Endpoint(pod="b", ip="2", slots=8, in_flight=3)  # 3/8 < 2/4
+    assert choose_endpoint([a, b], exclude=frozenset()) is b
+    b.deferred = 2  # queued inside llama-server: 5/8 > 2/4
+    assert choose_endpoint([a, b], exclude=frozenset()) is a
+    c = Endpoint(pod="c", ip="3", slots=4, in_flight=2, latency_s=0.5)
+    a.latency_s = 0.1
+    assert choose_endpoint([c, a], exclude=frozenset()) is a
+    assert choose_endpoint([a], exclude=frozenset({"a"})) is None
+
+
+def test_llama_metrics_parsing() -> None:
+    text = "# HELP x\nllamacpp:requests_processing 3\nllamacpp:requests_deferred 2\nother 1\n"
+    assert parse_llama_metrics(text) == (3, 2)
+    assert parse_llama_metrics("garbage") == (0, 0)
+
+
+def test_errors_use_the_openai_shape() -> None:
+    response = GatewayError(
+        429, "queue full", type="rate_limit_error", code="queue_full", retry_after_s=5
+    ).response()
+    assert response.status_code == 429 and response.headers["retry-after"] == "5"
+    assert json.loads(bytes(response.body)) == {
+        "error": {
+            "message": "queue full",
+            "type": "rate_limit_error",
+            "param": None,
+            "code": "queue_full",
+        }
+    }
