@@ -88,6 +88,7 @@ def demo_resources() -> list[dict[str, Any]]:
 def start_kama_demo(stack: LocalStack) -> KamaDemo:
     hub = HubFixture()
     hub_url = hub.start()
+    (stack.workdir / "demo").mkdir(parents=True, exist_ok=True)
     model = write_model(stack.workdir / "demo" / "tiny.gguf", shape=ModelShape())
     hub.add_repo(DEMO_REPO, {"tiny.gguf": model})
     _kubectl(stack, "apply", "-f", str(REPO_ROOT / "deploy" / "crds"))
