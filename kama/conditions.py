@@ -45,6 +45,31 @@ def set_condition(
     return sorted([*others, entry], key=lambda c: str(c["type"]))
 
 
+ConditionUpdate = tuple[str, bool | None, str, str]
+"""(type, status, reason, message) as a workflow decides it."""
+
+
+def set_conditions(
+    conditions: Conditions,
+    updates: list[ConditionUpdate],
+    *,
+    now: datetime,
+    generation: int | None,
+) -> Conditions:
+    """`set_condition` for each of `updates`, in order."""
+    for kind, value, reason, message in updates:
+        conditions = set_condition(
+            conditions,
+            type=str(kind),
+            status=value,
+            reason=reason,
+            message=message,
+            now=now,
+            generation=generation,
+        )
+    return conditions
+
+
 def condition_status(conditions: Conditions, type: str) -> str | None:
     found = next((c for c in conditions if c.get("type") == type), None)
     return None if found is None else str(found.get("status"))

@@ -43,6 +43,13 @@ def get_json(stack: LocalStack, *args: str) -> Any:
     return json.loads(kubectl(stack, "get", *args, "-o", "json").stdout)
 
 
+def events_about(stack: LocalStack, namespace: str, name: str) -> str:
+    """`kubectl get events` for one involved object, as the table a user reads."""
+    return kubectl(
+        stack, "get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}"
+    ).stdout
+
+
 def eventually(
     probe: Callable[[], T | None], *, timeout: float, what: str, interval: float = 0.25
 ) -> T:

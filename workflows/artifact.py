@@ -43,7 +43,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.progress import ImportProgress, ProgressActivities, ProgressRequest
     from kama.api import ArtifactCondition, ArtifactPhase, ModelArtifactSpec
     from kama.cache_layout import blob_dir
-    from kama.conditions import Conditions, rfc3339, set_condition
+    from kama.conditions import ConditionUpdate, rfc3339, set_conditions
     from workflows.import_model import ImportInput, ImportResult, ImportWorkflow
     from workflows.verify_model import VerifyInput, VerifyResult, VerifyWorkflow
 
@@ -395,7 +395,7 @@ class ArtifactWorkflow:
         self, snap: ArtifactSnapshot, kind: str, message: str, operation: str, pod: PodRef | None
     ) -> None:
         condition = FAILURE_CONDITIONS.get(kind)
-        conditions: list[tuple[str, bool, str, str]] = [
+        conditions: list[ConditionUpdate] = [
             (ArtifactCondition.IMPORTING, False, kind, message),
             (ArtifactCondition.READY, False, kind, message),
         ]
@@ -457,20 +457,15 @@ class ArtifactWorkflow:
         *,
         phase: str,
         extra: dict[str, Any],
-        conditions: list[tuple[str, bool, str, str]],
+        conditions: list[ConditionUpdate],
     ) -> None:
         status = dict(self._memory.status)
-        current: Conditions = list(status.get("conditions", []))
-        for kind, value, reason, message in conditions:
-            current = set_condition(
-                current,
-                type=str(kind),
-                status=value,
-                reason=reason,
-                message=message,
-                now=workflow.now(),
-                generation=snap.generation,
-            )
+        current = set_conditions(
+            list(status.get("conditions", [])),
+            conditions,
+            now=workflow.now(),
+            generation=snap.generation,
+        )
         status.update(extra)
         status.update(
             {"phase": str(phase), "observedGeneration": snap.generation, "conditions": current}

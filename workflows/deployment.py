@@ -40,7 +40,13 @@ with workflow.unsafe.imports_passed_through():
     )
     from kama.api import ModelArtifactStatus
     from kama.api.deployment import DeploymentCondition, ModelDeploymentSpec
-    from kama.conditions import Conditions, condition_status, rfc3339, set_condition
+    from kama.conditions import (
+        Conditions,
+        ConditionUpdate,
+        condition_status,
+        rfc3339,
+        set_conditions,
+    )
     from kama.deployment_plan import (
         ArtifactNotUsable,
         decide_deployment,
@@ -479,21 +485,11 @@ class DeploymentWorkflow:
         snap: ArtifactSnapshot,
         *,
         extra: dict[str, Any],
-        conditions: list[tuple[str, bool, str, str]],
+        conditions: list[ConditionUpdate],
     ) -> None:
         status = dict(self._memory.status)
         before: Conditions = list(status.get("conditions", []))
-        current = before
-        for kind, value, reason, message in conditions:
-            current = set_condition(
-                current,
-                type=str(kind),
-                status=value,
-                reason=reason,
-                message=message,
-                now=workflow.now(),
-                generation=snap.generation,
-            )
+        current = set_conditions(before, conditions, now=workflow.now(), generation=snap.generation)
         status.update(extra)
         status.update(
             {

@@ -18,7 +18,7 @@ from kama.testing.gguf_factory import ModelShape, write_model
 from localstack.demo import claim_host_path, claim_manifest
 from localstack.hub import Fault
 from tests.conftest import KamaControl
-from tests.support import apply, eventually, get_json, kubectl, wait_gone
+from tests.support import apply, events_about, eventually, get_json, kubectl, wait_gone
 
 READY_TIMEOUT = 120
 
@@ -195,15 +195,7 @@ def test_wrong_bytes_are_never_ready(
     assert condition(obj, "Ready")["status"] == "False"  # type: ignore[index]
     blobs = cache_dir(control, namespace) / "blobs" / "sha256"
     assert not blobs.exists() or not any(blobs.iterdir()), "nothing is published"
-    events = kubectl(
-        control.stack,
-        "get",
-        "events",
-        "-n",
-        namespace,
-        "--field-selector",
-        "involvedObject.name=bad",
-    ).stdout
+    events = events_about(control.stack, namespace, "bad")
     assert "ChecksumMismatch" in events
 
 
@@ -403,18 +395,7 @@ def test_cache_reports_storage_and_deletes_only_its_own_claim(
 
     kubectl(control.stack, "delete", "modelcache", "models", "-n", namespace, "--wait=false")
     eventually(
-        lambda: (
-            "DeletionBlocked"
-            in kubectl(
-                control.stack,
-                "get",
-                "events",
-                "-n",
-                namespace,
-                "--field-selector",
-                "involvedObject.name=models",
-            ).stdout
-        ),
+        lambda: "DeletionBlocked" in events_about(control.stack, namespace, "models"),
         timeout=60,
         what="the cache deletion to be held while an artifact uses it",
     )
@@ -482,18 +463,7 @@ def test_artifact_deletion_waits_for_deployments_and_keeps_bytes(
     published = cache_dir(control, namespace) / status["servingLocation"]["subPath"]
     kubectl(control.stack, "delete", "modelartifact", "served", "-n", namespace, "--wait=false")
     eventually(
-        lambda: (
-            "ModelDeployment(s) chat"
-            in kubectl(
-                control.stack,
-                "get",
-                "events",
-                "-n",
-                namespace,
-                "--field-selector",
-                "involvedObject.name=served",
-            ).stdout
-        ),
+        lambda: "ModelDeployment(s) chat" in events_about(control.stack, namespace, "served"),
         timeout=60,
         what="the deletion to be held by the deployment",
     )

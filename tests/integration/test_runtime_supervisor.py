@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from kama.serving_plan import LLAMA_PORT, SUPERVISOR_PORT, ServingPlan
+from kama.serving_pod import ServingTemplate, serving_pod_manifest
 from kama.testing.gguf_factory import ModelShape, write_model
 from localstack.stack import KAMA_IMAGE
 from tests.conftest import KamaControl
@@ -20,57 +21,21 @@ from tests.integration.test_artifact_plane import cache, hf_artifact, wait_condi
 from tests.support import apply, eventually, get_json, kubectl
 
 
-def runtime_pod(
-    namespace: str, name: str, *, plan: ServingPlan, sub_path: str, restart: str = "Always"
-) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "restartPolicy": restart,
-            "terminationGracePeriodSeconds": 60,
-            "automountServiceAccountToken": False,
-            "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532},
-            "containers": [
-                {
-                    "name": "runtime",
-                    "image": KAMA_IMAGE,
-                    "args": ["runtime"],
-                    "env": [
-                        {
-                            "name": "POD_IP",
-                            "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
-                        },
-                        {"name": "KAMA_SERVING_PLAN", "value": plan.to_json()},
-                    ],
-                    "readinessProbe": {
-                        "httpGet": {"path": "/readyz", "port": SUPERVISOR_PORT},
-                        "periodSeconds": 1,
-                    },
-                    "securityContext": {
-                        "readOnlyRootFilesystem": True,
-                        "allowPrivilegeEscalation": False,
-                        "capabilities": {"drop": ["ALL"]},
-                    },
-                    "volumeMounts": [
-                        {
-                            "name": "model",
-                            "mountPath": "/models",
-                            "subPath": sub_path,
-                            "readOnly": True,
-                        }
-                    ],
-                }
-            ],
-            "volumes": [
-                {
-                    "name": "model",
-                    "persistentVolumeClaim": {"claimName": "kama-cache-models", "readOnly": True},
-                }
-            ],
-        },
-    }
+def runtime_pod(namespace: str, name: str, *, plan: ServingPlan, sub_path: str) -> dict[str, Any]:
+    """Kama's own serving pod manifest, under a plain name and without an owner."""
+    template = ServingTemplate(
+        image=KAMA_IMAGE,
+        plan=plan,
+        claim_name="kama-cache-models",
+        sub_path=sub_path,
+        cpu_request="100m",
+        memory_request="64Mi",
+    )
+    pod = serving_pod_manifest(
+        template=template, namespace=namespace, deployment="none", deployment_uid="", ordinal=0
+    )
+    pod["metadata"] = {"name": name, "namespace": namespace}
+    return pod
 
 
 def test_runtime_serves_checks_and_drains(
@@ -97,7 +62,7 @@ def test_runtime_serves_checks_and_drains(
     )
     apply(
         control.stack,
-        runtime_pod(namespace, "wrong", plan=wrong, sub_path=sub_path, restart="Never"),
+        runtime_pod(namespace, "wrong", plan=wrong, sub_path=sub_path),
     )
 
     def terminated() -> dict[str, Any] | None:

@@ -25,7 +25,7 @@ from kama.testing.gguf_factory import ModelShape, write_model
 from localstack.stack import GPUNode
 from tests.conftest import KamaControl
 from tests.integration.test_artifact_plane import cache, condition, hf_artifact, wait_condition
-from tests.support import apply, eventually, get_json, kubectl
+from tests.support import apply, events_about, eventually, get_json, kubectl
 from workflows.deployment import DeploymentWorkflow
 from workflows.drain import DrainWorkflow
 from workflows.rollout import RolloutWorkflow
@@ -286,15 +286,7 @@ def test_killed_llama_server_is_replaced(
     assert after["metadata"]["name"] != before["metadata"]["name"]
     obj = wait_ready(control, namespace, "fragile", 1)
     assert chat(after["status"]["podIP"])
-    events = kubectl(
-        control.stack,
-        "get",
-        "events",
-        "-n",
-        namespace,
-        "--field-selector",
-        "involvedObject.name=fragile",
-    ).stdout
+    events = events_about(control.stack, namespace, "fragile")
     assert "RuntimeReady" in events
     assert obj["status"]["readyReplicas"] == 1
 
@@ -343,15 +335,7 @@ def test_unready_artifact_and_fit_failure_create_no_pods(
     )
     assert serving_pods(control, namespace, "huge") == []
     assert serving_pods(control, namespace, "orphan") == []
-    events = kubectl(
-        control.stack,
-        "get",
-        "events",
-        "-n",
-        namespace,
-        "--field-selector",
-        "involvedObject.name=huge",
-    ).stdout
+    events = events_about(control.stack, namespace, "huge")
     assert "FitFailed" in events
 
 
