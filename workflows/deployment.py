@@ -183,7 +183,7 @@ class DeploymentWorkflow:
             self._memory.seen_replicas = spec.replicas
             if self._wake:
                 self._wake = False
-                await self._scale_for_wake(snap, spec)
+                spec = await self._scale_for_wake(snap, spec)
             wait = RESYNC
             if self._memory.template is not None:
                 converged = await self._converge(snap, spec, self._memory.template)
@@ -341,9 +341,8 @@ class DeploymentWorkflow:
                 task_queue=workflow.info().task_queue,
                 search_attributes=workflow.info().typed_search_attributes,
             )
-            generation = snap.generation
             await workflow.wait_condition(
-                lambda: handle.done() or self._spec_moved(generation), timeout=None
+                lambda: handle.done() or self._spec_moved(snap, desired), timeout=None
             )
             if not handle.done():
                 handle.cancel()
@@ -362,9 +361,18 @@ class DeploymentWorkflow:
         await self._write_replicas(snap, desired=desired, pods=pods, fingerprint=fingerprint)
         return result is None or result.converged
 
-    def _spec_moved(self, generation: int) -> bool:
+    def _spec_moved(self, rolling: ArtifactSnapshot, desired: int) -> bool:
+        """A newer spec asks for something else than the running rollout (a replica
+        count equal to the one being rolled out, as after a wake, is not a change)."""
         snap = self._snapshot
-        return snap is not None and (snap.deleting or snap.generation != generation)
+        if snap is None or snap.deleting:
+            return True
+        if snap.generation == rolling.generation:
+            return False
+        others = {k: v for k, v in snap.spec.items() if k != "replicas"}
+        return others != {k: v for k, v in rolling.spec.items() if k != "replicas"} or (
+            self._desired(ModelDeploymentSpec.model_validate(snap.spec)) != desired
+        )
 
     async def _write_replicas(
         self, snap: ArtifactSnapshot, *, desired: int, pods: list[ObservedPod], fingerprint: str
@@ -420,13 +428,19 @@ class DeploymentWorkflow:
         )
         await self._record(snap, "Normal", "Scaled", f"spec.replicas set to {replicas}: {why}")
 
-    async def _scale_for_wake(self, snap: ArtifactSnapshot, spec: ModelDeploymentSpec) -> None:
+    async def _scale_for_wake(
+        self, snap: ArtifactSnapshot, spec: ModelDeploymentSpec
+    ) -> ModelDeploymentSpec:
+        """Scale up for a waiting request; the spec to converge to now (without waiting
+        for the watch to bring the new replica count back)."""
         self._memory.last_demand = workflow.now().isoformat()
         wanted = max(1, spec.scaling.min_replicas)
         if spec.replicas >= wanted:
-            return
+            return spec
         await self._set_replicas(snap, wanted, "a request arrived while at zero")
+        self._memory.seen_replicas = wanted
         await self._write(snap, extra={"lastWake": rfc3339(workflow.now())}, conditions=[])
+        return spec.model_copy(update={"replicas": wanted})
 
     async def _scale_down_when_idle(
         self, snap: ArtifactSnapshot, spec: ModelDeploymentSpec

@@ -100,10 +100,10 @@ async def timed_batch(
             started = time.perf_counter()
             if stream:
                 async with http.stream("POST", url, json=body, headers=headers) as response:
-                    async for _ in response.aiter_raw():
-                        latencies.append(time.perf_counter() - started)
-                        break
-                    async for _ in response.aiter_raw():
+                    chunks = response.aiter_raw()
+                    await anext(chunks)
+                    latencies.append(time.perf_counter() - started)
+                    async for _ in chunks:
                         pass
             else:
                 response = await http.post(url, json=body, headers=headers)
@@ -198,7 +198,7 @@ def test_gateway_added_latency_and_throughput(
                     {
                         "name": "fast",
                         "image": SHELL_IMAGE,
-                        "args": ["-c", f"exec {sys.executable} {script}"],
+                        "command": ["sh", "-c", f"exec {sys.executable} {script}"],
                         "env": [
                             {
                                 "name": "POD_IP",
@@ -277,13 +277,16 @@ def llama_start_to_healthy(binary: Path, model: Path, plan: ServingPlan) -> floa
         [str(binary), *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    return time.perf_counter() - started
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.02)
+        with httpx.Client(timeout=1) as http:
+            while time.perf_counter() - started < 120:
+                assert process.poll() is None, f"llama-server exited {process.returncode}"
+                try:
+                    if http.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                        return time.perf_counter() - started
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.02)
+        raise AssertionError("llama-server did not become healthy in 120s")
     finally:
         process.terminate()
         process.wait(timeout=30)
@@ -313,7 +316,7 @@ def test_scale_from_zero_overhead(gateway: GatewayProcess, namespace: str, tmp_p
     assert fingerprint
     digest = artifact["status"]["manifestDigest"].removeprefix("sha256:")
     plan = ServingPlan(
-        entrypoint="model.gguf", manifest_digest=digest, ctx_total=1024, concurrency=2
+        entrypoint="cold.gguf", manifest_digest=digest, ctx_total=1024, concurrency=2
     )
     model = tmp_path / "cold.gguf"
     woken, healthy = [], []
