@@ -51,7 +51,11 @@ OPENAI_ROUTES = {
 NATIVE_ROUTES = frozenset({"completion", "tokenize", "detokenize", "infill"})
 ADMIN_PATHS = ("/slots", "/props", "/models/load", "/models/unload", "/lora-adapters", "/metrics/")
 MODEL_HEADER = "x-kama-model"
-UPSTREAM_LIMITS = httpx.Limits(max_connections=4096, max_keepalive_connections=512)
+UPSTREAM_LIMITS = httpx.Limits(
+    max_connections=4096,
+    max_keepalive_connections=512,
+    keepalive_expiry=2.0,  # below llama-server's 5 s, so a pooled connection is never stale
+)
 UPSTREAM_TIMEOUT = httpx.Timeout(connect=2.0, read=600.0, write=30.0, pool=30.0)
 
 

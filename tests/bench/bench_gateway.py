@@ -137,7 +137,9 @@ def test_gateway_added_latency_and_throughput(
     results: dict[str, Any] = {}
 
     async def run() -> None:
-        limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+        limits = httpx.Limits(
+            max_connections=256, max_keepalive_connections=256, keepalive_expiry=2.0
+        )
         async with httpx.AsyncClient(timeout=120, limits=limits) as http:
             for stream in (False, True):
                 body = {
@@ -228,7 +230,9 @@ def test_gateway_added_latency_and_throughput(
     )
 
     async def throughput() -> None:
-        limits = httpx.Limits(max_connections=128, max_keepalive_connections=128)
+        limits = httpx.Limits(
+            max_connections=128, max_keepalive_connections=128, keepalive_expiry=2.0
+        )
         async with httpx.AsyncClient(timeout=60, limits=limits) as http:
             body = {"model": f"{namespace}/fast", "prompt": "x"}
             walls: dict[str, list[float]] = {"direct": [], "gateway": []}
