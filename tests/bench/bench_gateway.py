@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from tests.support import apply, eventually, get_json, kubectl
 RESULTS = REPO_ROOT / "bench-results"
 ROUNDS = 5
 FAST_REQUESTS = 3000
+ERRORS: dict[str, list[str]] = {}  # url -> failures seen (reported, not hidden)
 
 FAST_UPSTREAM = """
 import asyncio, os
@@ -93,23 +95,29 @@ async def timed_batch(
     """Latencies (to the whole answer, or to the first byte when streaming) and wall time."""
     latencies: list[float] = []
     queue = list(range(n))
+    errors = ERRORS.setdefault(url, [])
 
     async def worker() -> None:
         while queue:
             queue.pop()
             started = time.perf_counter()
-            if stream:
-                async with http.stream("POST", url, json=body, headers=headers) as response:
-                    chunks = response.aiter_raw()
-                    await anext(chunks)
+            try:
+                if stream:
+                    async with http.stream("POST", url, json=body, headers=headers) as response:
+                        chunks = response.aiter_raw()
+                        await anext(chunks)
+                        latencies.append(time.perf_counter() - started)
+                        async for _ in chunks:
+                            pass
+                else:
+                    response = await http.post(url, json=body, headers=headers)
+                    response.read()
                     latencies.append(time.perf_counter() - started)
-                    async for _ in chunks:
-                        pass
-            else:
-                response = await http.post(url, json=body, headers=headers)
-                response.read()
-                latencies.append(time.perf_counter() - started)
-            assert response.status_code == 200, response.status_code
+            except httpx.HTTPError as exc:
+                errors.append(type(exc).__name__)
+                continue
+            if response.status_code != 200:
+                errors.append(str(response.status_code))
 
     wall = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -260,6 +268,11 @@ def test_gateway_added_latency_and_throughput(
             }
 
     asyncio.run(throughput())
+    results["errors"] = {
+        ("gateway" if url.startswith(gw.url) else "direct"): dict(Counter(kinds))
+        for url, kinds in ERRORS.items()
+        if kinds
+    }
     record("gateway_latency_throughput", results)
     kubectl(
         control.stack,
