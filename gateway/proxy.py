@@ -48,11 +48,13 @@ class Proxy:
         started = time.monotonic()
         await self.waker.hold_until_ready(model)
         tried: set[str] = set()
+        held_again = False
         while True:
             endpoint = choose_endpoint(model.endpoints.values(), exclude=frozenset(tried))
             if endpoint is None:
-                if not model.endpoints and not tried:
+                if not tried and not held_again:  # the replicas left since the hold
                     await self.waker.hold_until_ready(model)
+                    held_again = True
                     continue
                 raise GatewayError(
                     502,

@@ -89,7 +89,7 @@ class Waker:
             why = model.reason or "no replica became ready"
             raise GatewayError(
                 503,
-                f"model {model.key} did not become ready within {model.cold_start_s:.0f}s: {why}",
+                f"model {model.key} did not become ready within {model.cold_start_s:g}s: {why}",
                 type="service_unavailable",
                 code="cold_start_timeout",
                 retry_after_s=RETRY_AFTER_COLD_START_S,
@@ -97,6 +97,14 @@ class Waker:
         finally:
             model.held -= 1
             self.metrics.queued.labels(model.key).dec()
+        if not model.endpoints:  # woken by the model's deletion, or its replica went away
+            raise GatewayError(
+                503,
+                f"model {model.key} has no ready replica: {model.reason or 'it was deleted'}",
+                type="service_unavailable",
+                code="no_replica",
+                retry_after_s=RETRY_AFTER_QUEUE_FULL_S,
+            )
         waited = time.monotonic() - started
         self.metrics.queue_wait.labels(model.key).observe(waited)
         self.metrics.cold_start_duration.labels(model.key).observe(waited)

@@ -4,13 +4,18 @@ the OpenAI error shape."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
+import pytest
+
 from gateway.backend_load import parse_llama_metrics
 from gateway.errors import GatewayError
+from gateway.metrics import GatewayMetrics
 from gateway.registry import Endpoint, ModelRegistry
 from gateway.routing import choose_endpoint
+from gateway.wake import Waker
 from kama.serving_plan import ServingPlan
 
 
@@ -121,3 +126,56 @@ def test_errors_use_the_openai_shape() -> None:
             "code": "queue_full",
         }
     }
+
+
+class RecordingTemporal:
+    """Stands in for the Temporal client in the wake queue's unit tests: it records
+    the wake workflows the gateway starts (the real start is covered on the stack)."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+
+    async def start_workflow(self, *_args: Any, id: str, **_kwargs: Any) -> None:
+        self.started.append(id)
+
+
+def waker_and_model(**scaling: Any) -> tuple[Waker, RecordingTemporal, ModelRegistry]:
+    temporal = RecordingTemporal()
+    waker = Waker(client=temporal, task_queue="q", metrics=GatewayMetrics())  # type: ignore[arg-type]
+    registry = ModelRegistry()
+    obj = deployment("chat")
+    obj["spec"]["scaling"].update(scaling)
+    registry.apply_deployment("ADDED", obj)
+    return waker, temporal, registry
+
+
+async def test_held_requests_start_one_wake_and_go_to_the_first_replica() -> None:
+    waker, temporal, registry = waker_and_model()
+    model = registry.resolve("ns/chat")
+    assert model is not None
+    held = [asyncio.create_task(waker.hold_until_ready(model)) for _ in range(5)]
+    await asyncio.sleep(0.05)
+    assert model.held == 5 and not any(t.done() for t in held)
+    registry.apply_pod("ADDED", pod("p0"))
+    await asyncio.wait_for(asyncio.gather(*held), timeout=5)
+    assert temporal.started == ["wake/ns/chat"] and model.held == 0
+
+
+async def test_queue_overflow_deletion_and_timeout_are_clear_errors() -> None:
+    waker, _, registry = waker_and_model(maxQueuedRequests=1, coldStartTimeout="200ms")
+    model = registry.resolve("ns/chat")
+    assert model is not None
+    first = asyncio.create_task(waker.hold_until_ready(model))
+    await asyncio.sleep(0.01)
+    with pytest.raises(GatewayError) as full:
+        await waker.hold_until_ready(model)
+    assert full.value.status == 429 and full.value.retry_after_s
+    with pytest.raises(GatewayError) as timeout:
+        await first
+    assert timeout.value.status == 503 and "within 0.2s" in timeout.value.message
+    held = asyncio.create_task(waker.hold_until_ready(model))
+    await asyncio.sleep(0.01)
+    registry.apply_deployment("DELETED", deployment("chat"))
+    with pytest.raises(GatewayError) as deleted:
+        await held
+    assert deleted.value.status == 503 and "deleted" in deleted.value.message
