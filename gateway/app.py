@@ -181,7 +181,13 @@ def create_app(*, settings: Settings, api_factory: Callable[[], k8s.ApiClient]) 
             temporal = await Client.connect(
                 settings.temporal_address, namespace=settings.temporal_namespace
             )
-            waker = Waker(client=temporal, task_queue=settings.control_queue, metrics=metrics)
+            waker = Waker(
+                client=temporal,
+                task_queue=settings.control_queue,
+                metrics=metrics,
+                registry=registry,
+                http=http,
+            )
             app.state.gateway = GatewayState(
                 registry=registry,
                 proxy=Proxy(registry=registry, http=http, waker=waker, metrics=metrics),

@@ -32,6 +32,7 @@ class Endpoint:
     deferred: int = 0  # queued inside llama-server
     latency_s: float = 0.0  # smoothed time to response headers
     served: int = 0
+    early: bool = False  # confirmed by the supervisor's /readyz before the kubelet said Ready
 
     def pressure(self) -> float:
         return (max(self.in_flight, self.processing) + self.deferred) / max(self.slots, 1)
@@ -53,6 +54,7 @@ class Model:
     cold_start_s: float = DEFAULT_COLD_START_S
     reason: str = ""
     endpoints: dict[str, Endpoint] = field(default_factory=dict)
+    starting: dict[str, Endpoint] = field(default_factory=dict)  # running, not Ready yet
     held: int = 0  # requests waiting for a replica
     in_flight: int = 0
     requests_since_report: int = 0
@@ -72,18 +74,22 @@ def _slots(pod: dict[str, Any]) -> int:
     return 1
 
 
-def _routable(pod: dict[str, Any]) -> bool:
+def _pod_state(pod: dict[str, Any]) -> str:
+    """ "routable" (Ready, not leaving), "starting" (running, not Ready yet) or "out"."""
     meta, status = pod.get("metadata", {}), pod.get("status") or {}
+    leaving = (
+        bool(meta.get("deletionTimestamp"))
+        or (meta.get("labels") or {}).get(DRAINING_LABEL) == "true"
+        or status.get("phase") != "Running"
+        or not status.get("podIP")
+    )
+    if leaving:
+        return "out"
     ready = any(
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in status.get("conditions") or []
     )
-    return (
-        ready
-        and bool(status.get("podIP"))
-        and not meta.get("deletionTimestamp")
-        and (meta.get("labels") or {}).get(DRAINING_LABEL) != "true"
-    )
+    return "routable" if ready else "starting"
 
 
 def _reason(status: dict[str, Any]) -> str:
@@ -147,6 +153,7 @@ class ModelRegistry:
             model = self.models.get(owner)
             if model is not None:
                 model.endpoints.pop(meta["name"], None)
+                model.starting.pop(meta["name"], None)
                 self._update_ready(model)
             return
         self._pods[pod_key] = (owner, pod)
@@ -157,14 +164,33 @@ class ModelRegistry:
         if model is None:
             return
         name = pod["metadata"]["name"]
-        if _routable(pod):
+        state = _pod_state(pod)
+        current = model.endpoints.get(name)
+        if state == "routable":
+            model.starting.pop(name, None)
             ip = pod["status"]["podIP"]
-            current = model.endpoints.get(name)
             if current is None or current.ip != ip:
                 model.endpoints[name] = Endpoint(pod=name, ip=ip, slots=_slots(pod))
+            else:
+                current.early = False
+        elif state == "starting" and current is not None and current.early:
+            pass  # its supervisor already said ready; the kubelet will catch up
+        elif state == "starting":
+            model.endpoints.pop(name, None)
+            model.starting[name] = Endpoint(pod=name, ip=pod["status"]["podIP"], slots=_slots(pod))
         else:
             model.endpoints.pop(name, None)
+            model.starting.pop(name, None)
         self._update_ready(model)
+
+    def confirm_early(self, model: Model, pod: str) -> None:
+        """A starting pod's supervisor reported ready: route to it now (a model at
+        zero should not wait a kubelet probe period more than it must)."""
+        endpoint = model.starting.pop(pod, None)
+        if endpoint is not None and model is self.models.get(model.key):
+            endpoint.early = True
+            model.endpoints[pod] = endpoint
+            self._update_ready(model)
 
     def _update_ready(self, model: Model) -> None:
         if model.endpoints:

@@ -9,6 +9,7 @@ import asyncio
 import logging
 import time
 
+import httpx
 from temporalio.client import Client
 from temporalio.common import (
     SearchAttributeKey,
@@ -20,12 +21,14 @@ from temporalio.common import (
 from activities.kube import ObjectRef
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
-from gateway.registry import Model
+from gateway.registry import Model, ModelRegistry
+from kama.serving_plan import SUPERVISOR_PORT
 from workflows.wake import WakeInput, WakeWorkflow
 
 log = logging.getLogger("kama.gateway")
 
 RETRY_AFTER_QUEUE_FULL_S = 5
+EARLY_PROBE_S = 0.1
 RETRY_AFTER_COLD_START_S = 30
 KAMA_KIND = SearchAttributeKey.for_keyword("KamaKind")
 KAMA_NAMESPACE = SearchAttributeKey.for_keyword("KamaNamespace")
@@ -33,11 +36,37 @@ KAMA_NAME = SearchAttributeKey.for_keyword("KamaName")
 
 
 class Waker:
-    def __init__(self, *, client: Client, task_queue: str, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self,
+        *,
+        client: Client,
+        task_queue: str,
+        metrics: GatewayMetrics,
+        registry: ModelRegistry,
+        http: httpx.AsyncClient,
+    ) -> None:
         self.client = client
         self.task_queue = task_queue
         self.metrics = metrics
+        self.registry = registry
+        self.http = http
         self._starting: dict[str, asyncio.Task[None]] = {}
+        self._probing: dict[str, asyncio.Task[None]] = {}
+
+    async def _probe_starting(self, model: Model) -> None:
+        """While requests are held, ask starting pods' supervisors directly (the same
+        /readyz the kubelet probes, every 100 ms instead of every probe period)."""
+        while model.held and not model.endpoints:
+            for endpoint in list(model.starting.values()):
+                try:
+                    response = await self.http.get(
+                        f"http://{endpoint.ip}:{SUPERVISOR_PORT}/readyz", timeout=EARLY_PROBE_S
+                    )
+                except httpx.HTTPError:
+                    continue
+                if response.status_code == 200:
+                    self.registry.confirm_early(model, endpoint.pod)
+            await asyncio.sleep(EARLY_PROBE_S)
 
     async def _start_wake(self, model: Model) -> None:
         await self.client.start_workflow(
@@ -84,6 +113,9 @@ class Waker:
         started = time.monotonic()
         try:
             self._ensure_wake(model)
+            probing = self._probing.get(model.key)
+            if probing is None or probing.done():
+                self._probing[model.key] = asyncio.create_task(self._probe_starting(model))
             await asyncio.wait_for(model.ready.wait(), timeout=model.cold_start_s)
         except TimeoutError:
             why = model.reason or "no replica became ready"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -28,12 +29,39 @@ def die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port(*, host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now."""
+    """A TCP port nobody listens on right now, outside the kernel's ephemeral range.
+
+    A port from `bind(0)` is an ephemeral one, so between this check and the server's
+    own bind an outgoing connection (any client in the stack) can take it; ports
+    below (or above) that range are only ever taken by a deliberate bind."""
+    low, high = _ephemeral_range()
+    candidates = range(20000, low) if low > 21000 else range(high + 1, 65535)
+    for port in random.sample(candidates, k=min(200, len(candidates))):
+        if port in _HANDED_OUT:
+            continue  # not yet bound by whoever got it
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            _HANDED_OUT.add(port)
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+        fallback: int = sock.getsockname()[1]
+        return fallback
 
 
 def wait_for_port(*, host: str, port: int, timeout: float) -> None:

@@ -8,6 +8,7 @@ import asyncio
 import json
 from typing import Any
 
+import httpx
 import pytest
 
 from gateway.backend_load import parse_llama_metrics
@@ -50,6 +51,7 @@ def pod(
         "metadata": {"namespace": "ns", "name": name, "labels": labels},
         "spec": {"containers": [{"env": [{"name": "KAMA_SERVING_PLAN", "value": plan.to_json()}]}]},
         "status": {
+            "phase": "Running",
             "podIP": ip,
             "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
         },
@@ -75,6 +77,23 @@ def test_registry_tracks_routable_endpoints_and_readiness() -> None:
     assert model.endpoints == {}
     registry.apply_deployment("DELETED", deployment("chat"))
     assert registry.resolve("ns/chat") is None
+
+
+def test_supervisor_ready_pod_is_routed_before_the_kubelet_says_so() -> None:
+    registry = ModelRegistry()
+    registry.apply_deployment("ADDED", deployment("chat"))
+    model = registry.resolve("ns/chat")
+    assert model is not None
+    registry.apply_pod("ADDED", pod("p0", ready=False))
+    assert set(model.starting) == {"p0"} and not model.endpoints
+    registry.confirm_early(model, "p0")
+    assert model.endpoints["p0"].early and model.ready.is_set()
+    registry.apply_pod("MODIFIED", pod("p0", ready=False))  # the kubelet has not probed yet
+    assert "p0" in model.endpoints
+    registry.apply_pod("MODIFIED", pod("p0"))
+    assert not model.endpoints["p0"].early
+    registry.apply_pod("MODIFIED", pod("p0", draining=True))
+    assert not model.endpoints and not model.starting
 
 
 def test_aliases_must_be_unique_to_resolve() -> None:
@@ -141,8 +160,14 @@ class RecordingTemporal:
 
 def waker_and_model(**scaling: Any) -> tuple[Waker, RecordingTemporal, ModelRegistry]:
     temporal = RecordingTemporal()
-    waker = Waker(client=temporal, task_queue="q", metrics=GatewayMetrics())  # type: ignore[arg-type]
     registry = ModelRegistry()
+    waker = Waker(
+        client=temporal,  # type: ignore[arg-type]
+        task_queue="q",
+        metrics=GatewayMetrics(),
+        registry=registry,
+        http=httpx.AsyncClient(),
+    )
     obj = deployment("chat")
     obj["spec"]["scaling"].update(scaling)
     registry.apply_deployment("ADDED", obj)
