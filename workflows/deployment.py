@@ -90,6 +90,7 @@ class DeploymentMemory:
     rollouts: int = 0
     last_demand: str | None = None  # ISO time of the last request any gateway reported
     seen_replicas: int = 0  # a scale-up (by anyone) restarts the idle clock
+    woke_at_generation: int | None = None  # a wake scale-up not yet seen back in the spec
 
 
 @dataclass(frozen=True)
@@ -437,6 +438,9 @@ class DeploymentWorkflow:
         wanted = max(1, spec.scaling.min_replicas)
         if spec.replicas >= wanted:
             return spec
+        if self._memory.woke_at_generation == snap.generation:  # our write is on its way
+            return spec.model_copy(update={"replicas": wanted})
+        self._memory.woke_at_generation = snap.generation
         await self._set_replicas(snap, wanted, "a request arrived while at zero")
         self._memory.seen_replicas = wanted
         await self._write(snap, extra={"lastWake": rfc3339(workflow.now())}, conditions=[])

@@ -2,9 +2,10 @@
 
 The gateway starts it with the "use existing" conflict policy when a request finds
 no ready replica, so a burst of first requests starts one wake. It asks the
-DeploymentWorkflow to scale up (signal `wake`; the scale-up itself is the
-deployment's decision and goes through `/scale`), then waits until a replica is
-ready, or fails after the cold-start timeout saying what it saw."""
+DeploymentWorkflow to scale up (signal `wake`, repeated every few seconds while it
+waits; the scale-up itself is the deployment's decision and goes through `/scale`),
+then waits until a replica is ready, or fails after the cold-start timeout saying
+what it saw."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ with workflow.unsafe.imports_passed_through():
     from kama.rollout import ObservedPod
 
 READY_POLL = timedelta(seconds=1)
+WAKE_AGAIN_EVERY = timedelta(seconds=3)
 
 
 @dataclass(frozen=True)
@@ -52,12 +54,16 @@ class WakeWorkflow:
     @workflow.run
     async def run(self, request: WakeInput) -> WakeResult:
         started = workflow.now()
-        self._doing = "asking the deployment to scale up"
-        await workflow.get_external_workflow_handle(deployment_workflow_id(request.ref)).signal(
-            "wake"
-        )
+        deployment = workflow.get_external_workflow_handle(deployment_workflow_id(request.ref))
         deadline = started + timedelta(seconds=request.timeout_s)
+        asked = started - WAKE_AGAIN_EVERY
         while True:
+            if workflow.now() - asked >= WAKE_AGAIN_EVERY:
+                # asked again while waiting: a replica that came and went (scaled back
+                # down, crashed) before this workflow saw it must not leave the model at zero
+                self._doing = "asking the deployment to scale up"
+                await deployment.signal("wake")
+                asked = workflow.now()
             pods: list[ObservedPod] = await call_kube(
                 ServingPodActivities.list_pods,
                 PodsRequest(namespace=request.ref.namespace, deployment=request.ref.name),

@@ -346,7 +346,7 @@ def test_scale_from_zero_overhead(gateway: GatewayProcess, namespace: str, tmp_p
         with httpx.stream(
             "POST", f"{gw.url}/v1/completions",
             json={"model": f"{namespace}/cold", "prompt": "hi", "max_tokens": 1, "stream": True},
-            timeout=300,
+            timeout=120,
         ) as response:  # fmt: skip
             for _ in response.iter_raw():
                 woken.append(time.perf_counter() - started)
