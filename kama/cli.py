@@ -110,6 +110,7 @@ def _gateway(args: argparse.Namespace) -> int:
     from gateway.app import create_app
 
     app = create_app(settings=_settings(), api_factory=kube_api)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # no log line per proxied request
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
     return 0
 
