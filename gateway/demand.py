@@ -15,8 +15,10 @@ import socket
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.kube import ObjectRef
 from gateway.registry import ModelRegistry
 from workflows.deployment import DemandReport
+from workflows.wake import deployment_workflow_id
 
 log = logging.getLogger("kama.gateway")
 
@@ -31,7 +33,9 @@ async def report_demand(*, registry: ModelRegistry, client: Client) -> None:
             if not (model.requests_since_report or model.in_flight):
                 continue
             model.requests_since_report = 0
-            workflow_id = f"deployment/{model.namespace}/{model.name}/{model.uid}"
+            workflow_id = deployment_workflow_id(
+                ObjectRef(namespace=model.namespace, name=model.name, uid=model.uid)
+            )
             try:
                 await client.get_workflow_handle(workflow_id).signal(
                     "demand", DemandReport(gateway=gateway, in_flight=model.in_flight)

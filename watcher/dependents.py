@@ -12,7 +12,7 @@ from kubernetes import client as k8s
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.kube import DEPLOYMENTS
+from activities.kube import DEPLOYMENTS, ObjectRef
 from kama.api import GROUP, VERSION
 from watcher.nudge import DEPLOYMENT
 
@@ -25,7 +25,7 @@ class DeploymentSignals:
         self.custom = custom
 
     async def _signal(self, *, namespace: str, name: str, uid: str, signal: str) -> None:
-        workflow_id = f"{DEPLOYMENT.id_prefix}/{namespace}/{name}/{uid}"
+        workflow_id = DEPLOYMENT.workflow_id(ObjectRef(namespace=namespace, name=name, uid=uid))
         try:
             await self.client.get_workflow_handle(workflow_id).signal(signal)
         except RPCError as exc:

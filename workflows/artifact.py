@@ -75,6 +75,11 @@ class ArtifactSnapshot:
     spec: dict[str, Any]
     deleting: bool = False
 
+    def supersedes(self, current: ArtifactSnapshot | None) -> bool:
+        """Whether a workflow holding `current` should take this snapshot (watch events
+        can arrive out of order; a deletion always wins)."""
+        return current is None or self.generation >= current.generation or self.deleting
+
 
 @dataclass
 class ArtifactMemory:
@@ -131,8 +136,7 @@ class ArtifactWorkflow:
 
     @workflow.signal(name="spec changed")
     def spec_changed(self, snapshot: ArtifactSnapshot) -> None:
-        current = self._snapshot
-        if current is None or snapshot.generation >= current.generation or snapshot.deleting:
+        if snapshot.supersedes(self._snapshot):
             self._snapshot = snapshot
 
     @workflow.signal(name="retry")

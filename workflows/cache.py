@@ -60,8 +60,7 @@ class CacheWorkflow:
 
     @workflow.signal(name="spec changed")
     def spec_changed(self, snapshot: ArtifactSnapshot) -> None:
-        current = self._snapshot
-        if current is None or snapshot.generation >= current.generation or snapshot.deleting:
+        if snapshot.supersedes(self._snapshot):
             self._snapshot = snapshot
 
     @workflow.query(name="status")

@@ -124,7 +124,7 @@ class DeploymentWorkflow:
     @workflow.signal(name="spec changed")
     def spec_changed(self, snapshot: ArtifactSnapshot) -> None:
         current = self._snapshot
-        if current is None or snapshot.generation >= current.generation or snapshot.deleting:
+        if snapshot.supersedes(current):
             if current is None or snapshot.generation != current.generation:
                 self._replan = True
             self._snapshot = snapshot

@@ -23,7 +23,6 @@ import pytest
 
 from kama.serving_plan import LLAMA_PORT
 from tests.conftest import GatewayProcess
-from tests.integration.test_artifact_plane import condition
 from tests.integration.test_serving_plane import (
     SERVE_TIMEOUT,
     deployment,
@@ -32,6 +31,7 @@ from tests.integration.test_serving_plane import (
     ready_artifact,
     routable,
     serving_pods,
+    wait_md_condition,
     wait_ready,
 )
 from tests.support import apply, eventually, kubectl
@@ -223,14 +223,7 @@ def test_scale_from_zero_wakes_once(
         runtime={"contextSize": 512, "concurrency": 4}, resources={"cpu": "100m"},
         scaling={"maxQueuedRequests": 50, "coldStartTimeout": "2m"},
     )  # fmt: skip
-    eventually(
-        lambda: (
-            (condition(md(gw.control, namespace, "sleepy"), "ScaledToZero") or {}).get("status")
-            == "True"
-        ),
-        timeout=60,
-        what="the deployment at zero",
-    )
+    wait_md_condition(gw.control, namespace, "sleepy", "ScaledToZero")
     assert serving_pods(gw.control, namespace, "sleepy") == []
     model = f"{namespace}/sleepy"
     with concurrent.futures.ThreadPoolExecutor(20) as pool:
@@ -282,14 +275,7 @@ def test_queue_overflow_and_unstartable_model(
             scaling={"coldStartTimeout": "4s"},
         ),
     )  # fmt: skip
-    eventually(
-        lambda: (
-            (condition(md(gw.control, namespace, "toolarge"), "FitFailed") or {}).get("status")
-            == "True"
-        ),
-        timeout=60,
-        what="FitFailed",
-    )
+    wait_md_condition(gw.control, namespace, "toolarge", "FitFailed")
     time.sleep(1)  # let the gateway's watch see the reason
     refused = httpx.post(
         f"{gw.url}/v1/completions",

@@ -29,7 +29,6 @@ from tests.support import apply, events_about, eventually, get_json, kubectl
 from workflows.deployment import DeploymentWorkflow
 from workflows.drain import DrainWorkflow
 from workflows.rollout import RolloutWorkflow
-from workflows.wake import WakeWorkflow
 
 SERVE_TIMEOUT = 180
 
@@ -59,6 +58,19 @@ def md(control: KamaControl, namespace: str, name: str) -> dict[str, Any]:
     control.worker.check_alive()
     obj: dict[str, Any] = get_json(control.stack, "modeldeployment", name, "-n", namespace)
     return obj
+
+
+def wait_md_condition(
+    control: KamaControl, namespace: str, name: str, kind: str, status: str = "True"
+) -> dict[str, Any]:
+    """The ModelDeployment once its condition `kind` has `status`."""
+
+    def check() -> dict[str, Any] | None:
+        obj = md(control, namespace, name)
+        found = condition(obj, kind)
+        return obj if found and found["status"] == status else None
+
+    return eventually(check, timeout=60, what=f"{name} {kind}={status}", interval=0.5)
 
 
 def serving_pods(control: KamaControl, namespace: str, name: str) -> list[dict[str, Any]]:
@@ -250,6 +262,36 @@ def test_cpu_deployment_serves_scales_rolls_out_and_drains(
         condition(get_json(control.stack, "modelartifact", "tiny", "-n", namespace), "Ready") or {}
     )["status"] == "True"
 
+    # what this deployment recorded (entity, rollouts, drains) replays on the current code
+    assert replayed_types(control, namespace) == {
+        "Keep model deployment",
+        "Roll out model deployment",
+        "Drain serving pod",
+    }
+
+
+def replayed_types(control: KamaControl, namespace: str) -> set[str]:
+    """Replay every serving-plane history of `namespace`; the workflow types seen.
+    A non-deterministic change to the workflow code fails the replay."""
+
+    async def replay() -> set[str]:
+        client = await Client.connect(control.stack.temporal.address)
+        types = ("Keep model deployment", "Roll out model deployment", "Drain serving pod")
+        query = (
+            f"KamaNamespace = '{namespace}' AND ("
+            + " OR ".join(f"WorkflowType = '{t}'" for t in types)
+            + ")"
+        )
+        replayer = Replayer(workflows=[DeploymentWorkflow, RolloutWorkflow, DrainWorkflow])
+        seen = set()
+        async for execution in client.list_workflows(query):
+            handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
+            await replayer.replay_workflow(await handle.fetch_history())
+            seen.add(execution.workflow_type)
+        return seen
+
+    return asyncio.run(replay())
+
 
 def test_killed_llama_server_is_replaced(
     kama_control: KamaControl, namespace: str, tmp_path: Path
@@ -297,11 +339,9 @@ def test_unready_artifact_and_fit_failure_create_no_pods(
     control = kama_control
     apply(control.stack, deployment(namespace, "orphan", "missing", replicas=1))
 
-    def artifact_not_ready() -> dict[str, Any] | None:
-        found = condition(md(control, namespace, "orphan"), "ArtifactReady")
-        return found if found and found["status"] == "False" else None
-
-    found = eventually(artifact_not_ready, timeout=60, what="ArtifactReady=False")
+    orphan = wait_md_condition(control, namespace, "orphan", "ArtifactReady", "False")
+    found = condition(orphan, "ArtifactReady")
+    assert found is not None
     assert "missing" in found["message"]
 
     ready_artifact(control, namespace, tmp_path, name="small", seed=63)
@@ -321,12 +361,7 @@ def test_unready_artifact_and_fit_failure_create_no_pods(
         ),
     )
 
-    def fit_failed() -> dict[str, Any] | None:
-        obj = md(control, namespace, "huge")
-        found = condition(obj, "FitFailed")
-        return obj if found and found["status"] == "True" else None
-
-    obj = eventually(fit_failed, timeout=60, what="FitFailed=True")
+    obj = wait_md_condition(control, namespace, "huge", "FitFailed")
     message = condition(obj, "FitFailed")["message"]  # type: ignore[index]
     assert "GiB" in message or "TiB" in message
     rejected = obj["status"]["rejectedCandidates"]
@@ -411,25 +446,3 @@ def test_gpu_deployment_is_bound_where_the_planner_chose(
             )
         for node in (small, big):
             kubectl(control.stack, "delete", "node", node.name, "--wait=false")
-
-
-def test_serving_workflow_histories_replay(kama_control: KamaControl) -> None:
-    """Every serving-plane history recorded so far in this session (deployments,
-    rollouts, drains, wakes) replays against the current workflow code."""
-
-    async def replay() -> int:
-        client = await Client.connect(kama_control.stack.temporal.address)
-        types = ("Keep model deployment", "Roll out model deployment", "Drain serving pod")
-        query = " OR ".join(f"WorkflowType = '{t}'" for t in types)
-        histories = [
-            await client.get_workflow_handle(w.id, run_id=w.run_id).fetch_history()
-            async for w in client.list_workflows(query)
-        ]
-        replayer = Replayer(
-            workflows=[DeploymentWorkflow, RolloutWorkflow, DrainWorkflow, WakeWorkflow]
-        )
-        for history in histories:
-            await replayer.replay_workflow(history)  # raises on non-determinism
-        return len(histories)
-
-    assert asyncio.run(replay()) >= 3
