@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -31,9 +30,11 @@ from temporalio.client import Client
 from gateway.backend_load import poll_backend_load
 from gateway.demand import report_demand
 from gateway.errors import GatewayError
+from gateway.inference import InferenceRoutes
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import Proxy
-from gateway.registry import Model, ModelRegistry
+from gateway.registry import ModelRegistry
+from gateway.upstream import UpstreamTransport
 from gateway.wake import Waker
 from kama.api import GROUP, VERSION
 from kama.config import Settings
@@ -42,20 +43,8 @@ from watcher.watch import WatchTarget, as_dicts, run_watch
 
 log = logging.getLogger("kama.gateway")
 
-MAX_BODY_BYTES = 8 * 1024 * 1024
-OPENAI_ROUTES = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completions",
-    "/v1/embeddings": "embeddings",
-}
-NATIVE_ROUTES = frozenset({"completion", "tokenize", "detokenize", "infill"})
 ADMIN_PATHS = ("/slots", "/props", "/models/load", "/models/unload", "/lora-adapters", "/metrics/")
-MODEL_HEADER = "x-kama-model"
-UPSTREAM_LIMITS = httpx.Limits(
-    max_connections=4096,
-    max_keepalive_connections=512,
-    keepalive_expiry=2.0,  # below llama-server's 5 s, so a pooled connection is never stale
-)
+UPSTREAM_KEEPALIVE_EXPIRY_S = 2.0  # below llama-server's 5 s, so a pooled connection is never stale
 UPSTREAM_TIMEOUT = httpx.Timeout(connect=2.0, read=600.0, write=30.0, pool=30.0)
 
 
@@ -67,45 +56,13 @@ class GatewayState:
     synced: set[str]
 
 
-def _state(request: Request) -> GatewayState:
-    state: GatewayState = request.app.state.gateway
+def _gateway_state(app: FastAPI) -> GatewayState:
+    state: GatewayState = app.state.gateway
     return state
 
 
-async def read_body(request: Request, *, limit: int = MAX_BODY_BYTES) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise GatewayError(413, f"request body is larger than {limit} bytes", code="body_too_large")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise GatewayError(
-                413, f"request body is larger than {limit} bytes", code="body_too_large"
-            )
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def parse_object(body: bytes) -> dict[str, Any]:
-    try:
-        value = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise GatewayError(
-            400, f"request body is not valid JSON: {exc}", code="invalid_json"
-        ) from None
-    if not isinstance(value, dict):
-        raise GatewayError(400, "request body must be a JSON object", code="invalid_json")
-    return value
-
-
-def resolve(registry: ModelRegistry, name: object) -> Model:
-    if not isinstance(name, str) or not name:
-        raise GatewayError(400, "the 'model' field is required (<namespace>/<name> or an alias)")
-    model = registry.resolve(name)
-    if model is None:
-        raise GatewayError(404, f"model {name!r} does not exist", code="model_not_found")
-    return model
+def _state(request: Request) -> GatewayState:
+    return _gateway_state(request.app)
 
 
 def start_watches(
@@ -172,12 +129,13 @@ def _marking_synced(
     return call
 
 
-def create_app(*, settings: Settings, api_factory: Callable[[], k8s.ApiClient]) -> FastAPI:
+def create_app(*, settings: Settings, api_factory: Callable[[], k8s.ApiClient]) -> InferenceRoutes:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         registry, metrics, synced = ModelRegistry(), GatewayMetrics(), set[str]()
         stop = threading.Event()
-        async with httpx.AsyncClient(limits=UPSTREAM_LIMITS, timeout=UPSTREAM_TIMEOUT) as http:
+        transport = UpstreamTransport(keepalive_expiry=UPSTREAM_KEEPALIVE_EXPIRY_S)
+        async with httpx.AsyncClient(transport=transport, timeout=UPSTREAM_TIMEOUT) as http:
             temporal = await Client.connect(
                 settings.temporal_address, namespace=settings.temporal_namespace
             )
@@ -190,7 +148,7 @@ def create_app(*, settings: Settings, api_factory: Callable[[], k8s.ApiClient]) 
             )
             app.state.gateway = GatewayState(
                 registry=registry,
-                proxy=Proxy(registry=registry, http=http, waker=waker, metrics=metrics),
+                proxy=Proxy(registry=registry, upstream=transport, waker=waker, metrics=metrics),
                 metrics=metrics,
                 synced=synced,
             )
@@ -255,53 +213,4 @@ def create_app(*, settings: Settings, api_factory: Callable[[], k8s.ApiClient]) 
             ],
         }
 
-    async def openai_route(request: Request) -> Response:
-        state = _state(request)
-        path = request.url.path
-        body = await read_body(request)
-        model = resolve(state.registry, parse_object(body).get("model"))
-        return await _forward(
-            state, request, model=model, path=path, body=body, route=OPENAI_ROUTES[path]
-        )
-
-    for openai_path in OPENAI_ROUTES:
-        app.add_api_route(openai_path, openai_route, methods=["POST"])
-
-    @app.post("/{route}")
-    async def native_route(route: str, request: Request) -> Response:
-        if route not in NATIVE_ROUTES:
-            raise StarletteHTTPException(404)
-        state = _state(request)
-        body = await read_body(request)
-        parse_object(body)
-        model = resolve(state.registry, request.headers.get(MODEL_HEADER))
-        return await _forward(state, request, model=model, path=f"/{route}", body=body, route=route)
-
-    @app.post("/models/{namespace}/{name}/{route}")
-    async def native_by_path(namespace: str, name: str, route: str, request: Request) -> Response:
-        if route not in NATIVE_ROUTES:
-            raise StarletteHTTPException(404)
-        state = _state(request)
-        body = await read_body(request)
-        parse_object(body)
-        model = resolve(state.registry, f"{namespace}/{name}")
-        return await _forward(state, request, model=model, path=f"/{route}", body=body, route=route)
-
-    return app
-
-
-async def _forward(
-    state: GatewayState, request: Request, *, model: Model, path: str, body: bytes, route: str
-) -> Response:
-    try:
-        return await state.proxy.forward(
-            model=model,
-            method=request.method,
-            path=path,
-            body=body,
-            headers={k.lower(): v for k, v in request.headers.items()},
-            route=route,
-        )
-    except GatewayError as exc:
-        state.metrics.requests.labels(model.key, route, str(exc.status)).inc()
-        raise
+    return InferenceRoutes(app=app, proxy=lambda: _gateway_state(app).proxy)

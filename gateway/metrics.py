@@ -3,12 +3,30 @@ never prompt text."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+MAX_CACHED_SERIES = 4096
+
+
+@dataclass(frozen=True)
+class RequestSeries:
+    """The labelled series one proxied request updates (looked up once per
+    model, route and pod rather than on every request)."""
+
+    in_flight: Any
+    pod_in_flight: Any
+    pod_requests: Any
+    ttft: Any
+    duration: Any
 
 
 class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._series: dict[tuple[str, str, str], RequestSeries] = {}
         r = self.registry
         self.requests = Counter(
             "kama_gateway_requests", "Requests answered", ["model", "route", "code"], registry=r
@@ -53,3 +71,19 @@ class GatewayMetrics:
         self.pod_requests = Counter(
             "kama_gateway_pod_requests", "Requests sent per pod", ["model", "pod"], registry=r
         )
+
+    def series(self, *, model: str, route: str, pod: str) -> RequestSeries:
+        key = (model, route, pod)
+        found = self._series.get(key)
+        if found is None:
+            if len(self._series) >= MAX_CACHED_SERIES:
+                self._series.clear()
+            found = RequestSeries(
+                in_flight=self.in_flight.labels(model),
+                pod_in_flight=self.pod_in_flight.labels(model, pod),
+                pod_requests=self.pod_requests.labels(model, pod),
+                ttft=self.ttft.labels(model, route),
+                duration=self.duration.labels(model, route),
+            )
+            self._series[key] = found
+        return found

@@ -2,36 +2,43 @@
 
 The replica is chosen by slot pressure; a connection that fails before anything was
 sent is retried on another replica (the failing one stops being routed), any later
-failure is the client's 502. The response is relayed as raw chunks as they come
-(SSE included, no buffering); if the client goes away the upstream request is
+failure is the client's 502. The answer is relayed straight onto the ASGI
+connection as chunks arrive (SSE included, no buffering, the replica's
+content-length kept when it sent one). While relaying, a second task waits for the
+client to go away; if it does, the relay is cancelled and the upstream connection
 closed, which is how llama-server learns to stop generating."""
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import httpx
-from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from gateway.errors import GatewayError
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, RequestSeries
 from gateway.registry import Endpoint, Model, ModelRegistry
 from gateway.routing import choose_endpoint
+from gateway.upstream import UpstreamBody, UpstreamTransport
 from gateway.wake import Waker
 from kama.serving_plan import LLAMA_PORT
 
-FORWARDED_REQUEST_HEADERS = ("content-type", "accept", "x-request-id")
+FORWARDED_REQUEST_HEADERS = frozenset({b"content-type", b"accept", b"x-request-id"})
 DROPPED_RESPONSE_HEADERS = frozenset(
-    {"content-length", "transfer-encoding", "connection", "keep-alive", "server", "date"}
+    {b"transfer-encoding", b"connection", b"keep-alive", b"server", b"date"}
 )
+CONNECT_TIMEOUT_S = 2.0
+READ_TIMEOUT_S = 600.0  # between two pieces of an answer, not for the whole answer
+
+Headers = list[tuple[bytes, bytes]]
 
 
 @dataclass
 class Proxy:
     registry: ModelRegistry
-    http: httpx.AsyncClient
+    upstream: UpstreamTransport
     waker: Waker
     metrics: GatewayMetrics
 
@@ -42,11 +49,12 @@ class Proxy:
         method: str,
         path: str,
         body: bytes,
-        headers: dict[str, str],
+        headers: Headers,
         route: str,
-    ) -> StreamingResponse:
+    ) -> Relay:
         started = time.monotonic()
         await self.waker.hold_until_ready(model)
+        forwarded = [(k, v) for k, v in headers if k in FORWARDED_REQUEST_HEADERS]
         tried: set[str] = set()
         held_again = False
         while True:
@@ -63,79 +71,120 @@ class Proxy:
                     code="upstream_unavailable",
                 )
             tried.add(endpoint.pod)
-            request = self.http.build_request(
-                method,
-                f"http://{endpoint.ip}:{LLAMA_PORT}{path}",
-                content=body,
-                headers={k: v for k, v in headers.items() if k in FORWARDED_REQUEST_HEADERS},
-            )
-            self._begin(model, endpoint)
+            series = self.metrics.series(model=model.key, route=route, pod=endpoint.pod)
+            self.begin_request(model, endpoint, series)
             sent = time.monotonic()
             try:
-                upstream = await self.http.send(request, stream=True)
+                upstream = await self.upstream.request(
+                    host=endpoint.ip,
+                    port=LLAMA_PORT,
+                    method=method,
+                    target=path,
+                    headers=forwarded,
+                    body=body,
+                    connect_timeout=CONNECT_TIMEOUT_S,
+                    read_timeout=READ_TIMEOUT_S,
+                )
             except (httpx.ConnectError, httpx.ConnectTimeout):
-                self._end(model, endpoint)
+                self.end_request(model, endpoint, series)
                 self.metrics.upstream_errors.labels(model.key, "connect").inc()
                 self.registry.drop_endpoint(model, endpoint)
                 continue  # nothing reached the replica: safe to try another
             except httpx.HTTPError as exc:
-                self._end(model, endpoint)
+                self.end_request(model, endpoint, series)
                 self.metrics.upstream_errors.labels(model.key, type(exc).__name__).inc()
                 raise GatewayError(
                     502, f"replica {endpoint.pod} failed: {type(exc).__name__}", type="api_error"
                 ) from None
             endpoint.observe_latency(time.monotonic() - sent)
-            response_headers = {
-                k: v
-                for k, v in upstream.headers.items()
-                if k.lower() not in DROPPED_RESPONSE_HEADERS
-            }
-            response_headers["x-kama-pod"] = endpoint.pod
-            response_headers["x-kama-model"] = model.key
-            return StreamingResponse(
-                self._relay(
-                    upstream=upstream, model=model, endpoint=endpoint, route=route, started=started
-                ),
-                status_code=upstream.status_code,
-                headers=response_headers,
+            return Relay(
+                proxy=self,
+                upstream=upstream,
+                model=model,
+                endpoint=endpoint,
+                series=series,
+                route=route,
+                started=started,
             )
 
-    def _begin(self, model: Model, endpoint: Endpoint) -> None:
+    def begin_request(self, model: Model, endpoint: Endpoint, series: RequestSeries) -> None:
         endpoint.in_flight += 1
         endpoint.served += 1
         model.in_flight += 1
         model.requests_since_report += 1
-        self.metrics.in_flight.labels(model.key).inc()
-        self.metrics.pod_in_flight.labels(model.key, endpoint.pod).inc()
-        self.metrics.pod_requests.labels(model.key, endpoint.pod).inc()
+        series.in_flight.inc()
+        series.pod_in_flight.inc()
+        series.pod_requests.inc()
 
-    def _end(self, model: Model, endpoint: Endpoint) -> None:
+    def end_request(self, model: Model, endpoint: Endpoint, series: RequestSeries) -> None:
         endpoint.in_flight -= 1
         model.in_flight -= 1
-        self.metrics.in_flight.labels(model.key).dec()
-        self.metrics.pod_in_flight.labels(model.key, endpoint.pod).dec()
+        series.in_flight.dec()
+        series.pod_in_flight.dec()
 
-    async def _relay(
-        self,
-        *,
-        upstream: httpx.Response,
-        model: Model,
-        endpoint: Endpoint,
-        route: str,
-        started: float,
-    ) -> AsyncIterator[bytes]:
-        first = True
+
+@dataclass
+class Relay:
+    """One replica's answer, relayed to one ASGI client."""
+
+    proxy: Proxy
+    upstream: UpstreamBody
+    model: Model
+    endpoint: Endpoint
+    series: RequestSeries
+    route: str
+    started: float
+
+    def response_headers(self) -> Headers:
+        headers = [
+            (name.lower(), value)
+            for name, value in self.upstream.headers
+            if name.lower() not in DROPPED_RESPONSE_HEADERS
+        ]
+        headers.append((b"x-kama-pod", self.endpoint.pod.encode()))
+        headers.append((b"x-kama-model", self.model.key.encode()))
+        return headers
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        metrics, upstream = self.proxy.metrics, self.upstream
+        relaying = asyncio.current_task()
+        assert relaying is not None
+        client_gone = False
+
+        async def watch_client() -> None:
+            nonlocal client_gone
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            client_gone = True
+            relaying.cancel()
+
+        watcher = asyncio.create_task(watch_client())
         try:
-            async for chunk in upstream.aiter_raw():
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": upstream.status,
+                    "headers": self.response_headers(),
+                }
+            )
+            first = True
+            async for chunk in upstream:
                 if first:
-                    self.metrics.ttft.labels(model.key, route).observe(time.monotonic() - started)
+                    self.series.ttft.observe(time.monotonic() - self.started)
                     first = False
-                yield chunk
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            watcher.cancel()
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not client_gone:
+                raise
+            relaying.uncancel()  # the client left: closing upstream below is the answer
         except httpx.HTTPError as exc:
-            self.metrics.upstream_errors.labels(model.key, type(exc).__name__).inc()
+            metrics.upstream_errors.labels(self.model.key, type(exc).__name__).inc()
             raise  # abort the client's connection: a truncated answer must not look whole
         finally:
+            watcher.cancel()
             await upstream.aclose()
-            self._end(model, endpoint)
-            self.metrics.duration.labels(model.key, route).observe(time.monotonic() - started)
-            self.metrics.requests.labels(model.key, route, str(upstream.status_code)).inc()
+            self.proxy.end_request(self.model, self.endpoint, self.series)
+            self.series.duration.observe(time.monotonic() - self.started)
+            metrics.requests.labels(self.model.key, self.route, str(upstream.status)).inc()

@@ -1,0 +1,335 @@
+"""The gateway's HTTP/1.1 connections to replicas, as an httpx transport.
+
+httpx's default transport (httpcore on anyio) costs about a millisecond of CPU per
+proxied request and checks every pooled socket on each request, which alone was
+most of the gateway's added latency. Replicas are plain HTTP/1.1 servers on a pod
+IP, so this transport does only that: one keep-alive pool per origin (most
+recently used first, idle connections dropped after `keepalive_expiry`, below
+llama-server's own 5 s), the response parsed by httptools, the body handed over
+chunk by chunk as it arrives (reading pauses while a slow client lets chunks pile
+up), and closing a response before its end closes the connection, which is how a
+replica learns that the client went away. It stays an `httpx.AsyncBaseTransport`,
+so the gateway keeps using `AsyncClient.send(stream=True)` and httpx's errors."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, cast
+
+import httptools
+import httpx
+
+DEFAULT_KEEPALIVE_EXPIRY_S = 2.0
+DEFAULT_MAX_IDLE_PER_ORIGIN = 512
+PAUSE_READING_BYTES = 1 << 20  # a slow client: stop reading from the replica above this
+RESUME_READING_BYTES = 1 << 16
+
+Origin = tuple[str, int]
+
+
+class UpstreamConnection(asyncio.Protocol):
+    """One TCP connection to a replica, carrying one request at a time."""
+
+    def __init__(self, *, on_lost: Callable[[UpstreamConnection], None]) -> None:
+        self._on_lost = on_lost
+        self._loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.idle_since = 0.0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.keep_alive = False
+        self.received_any = False
+        self.complete = False
+        self.error: httpx.TransportError | None = None
+        self._chunks: deque[bytes] = deque()
+        self._buffered = 0
+        self._paused = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._head_done = False
+        self._timed_out = False
+        self._close_delimited = False
+
+    # asyncio.Protocol -----------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        self.received_any = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(httpx.RemoteProtocolError("replica tried to upgrade the connection"))
+        except httptools.HttpParserError as exc:
+            self._fail(httpx.RemoteProtocolError(f"invalid HTTP response from replica: {exc}"))
+
+    def eof_received(self) -> bool | None:
+        return None  # close the transport; connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._head_done and self._close_delimited and not self.keep_alive:
+            self.complete = True  # a body that ends with the connection
+        if not self.complete and self.error is None:
+            if not self.received_any:
+                message = "replica closed the connection without answering"
+            else:
+                message = "replica closed the connection before the response ended"
+            self.error = httpx.RemoteProtocolError(message)
+        self._wake()
+        self._on_lost(self)
+
+    # httptools callbacks ----------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self.keep_alive = self.parser.should_keep_alive()
+        names = {name.lower() for name, _ in self.headers}
+        self._close_delimited = not ({b"content-length", b"transfer-encoding"} & names)
+        self._head_done = True
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self._chunks.append(body)
+        self._buffered += len(body)
+        if self._buffered > PAUSE_READING_BYTES and not self._paused and self.transport:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self._wake()
+
+    # the request side ---------------------------------------------------------------
+
+    def _fail(self, error: httpx.TransportError) -> None:
+        if self.error is None:
+            self.error = error
+        self.close()
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait(self, *, timeout: float | None) -> None:
+        self._waiter = self._loop.create_future()
+        timer = None if timeout is None else self._loop.call_later(timeout, self._time_out)
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+        if self._timed_out:
+            self.close()
+            raise httpx.ReadTimeout(f"replica sent nothing for {timeout:g}s")
+
+    def _time_out(self) -> None:
+        self._timed_out = True
+        self._wake()
+
+    def send_request(self, data: bytes) -> None:
+        self._reset()
+        assert self.transport is not None
+        self.transport.write(data)
+
+    async def read_head(self, *, timeout: float | None) -> None:
+        while not self._head_done:
+            if self.error is not None:
+                raise self.error
+            await self._wait(timeout=timeout)
+
+    async def read_chunk(self, *, timeout: float | None) -> bytes | None:
+        """The next piece of the body, or None at its end."""
+        while True:
+            if self._chunks:
+                chunk = self._chunks.popleft()
+                self._buffered -= len(chunk)
+                if self._paused and self._buffered < RESUME_READING_BYTES and self.transport:
+                    self._paused = False
+                    self.transport.resume_reading()
+                return chunk
+            if self.complete:
+                return None
+            if self.error is not None:
+                raise self.error
+            await self._wait(timeout=timeout)
+
+    def close(self) -> None:
+        if not self.closed and self.transport is not None:
+            self.closed = True
+            self.transport.close()
+
+
+class UpstreamBody(httpx.AsyncByteStream):
+    def __init__(
+        self,
+        *,
+        connection: UpstreamConnection,
+        release: Callable[[UpstreamConnection], None],
+        read_timeout: float | None,
+    ) -> None:
+        self._connection = connection
+        self._release = release
+        self._read_timeout = read_timeout
+        self._done = False
+        self.status = connection.status
+        self.headers = connection.headers
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while (chunk := await self._connection.read_chunk(timeout=self._read_timeout)) is not None:
+            yield chunk
+
+    async def aclose(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        connection = self._connection
+        if connection.complete and connection.keep_alive and not connection.closed:
+            self._release(connection)
+        else:
+            connection.close()  # unread answer: the replica sees the client leave
+
+
+class UpstreamTransport(httpx.AsyncBaseTransport):
+    def __init__(
+        self,
+        *,
+        keepalive_expiry: float = DEFAULT_KEEPALIVE_EXPIRY_S,
+        max_idle_per_origin: int = DEFAULT_MAX_IDLE_PER_ORIGIN,
+    ) -> None:
+        self.keepalive_expiry = keepalive_expiry
+        self.max_idle_per_origin = max_idle_per_origin
+        self._idle: dict[Origin, deque[UpstreamConnection]] = {}
+        self._origin_of: dict[UpstreamConnection, Origin] = {}
+
+    def idle_connections(self, origin: Origin) -> int:
+        return len(self._idle.get(origin, ()))
+
+    async def request(
+        self,
+        *,
+        host: str,
+        port: int,
+        method: str,
+        target: str,
+        headers: Sequence[tuple[bytes, bytes]],
+        body: bytes,
+        connect_timeout: float | None,
+        read_timeout: float | None,
+    ) -> UpstreamBody:
+        """Send one request; return once the response head is in (status and headers
+        on the returned body, which is read chunk by chunk and must be closed)."""
+        data = encode_request(
+            method=method, target=target, host=f"{host}:{port}", headers=headers, body=body
+        )
+        origin = (host, port)
+        connection = self._idle_connection(origin)
+        if connection is not None:
+            connection.send_request(data)
+            try:
+                await connection.read_head(timeout=read_timeout)
+            except httpx.RemoteProtocolError:
+                if connection.received_any:
+                    raise
+                connection = None  # the replica closed an idle connection as we reused it
+        if connection is None:
+            connection = await self._connect(origin, timeout=connect_timeout)
+            connection.send_request(data)
+            await connection.read_head(timeout=read_timeout)
+        return UpstreamBody(connection=connection, release=self._release, read_timeout=read_timeout)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.scheme != "http":
+            raise httpx.UnsupportedProtocol(f"replicas speak plain http, not {request.url.scheme}")
+        timeouts: dict[str, Any] = request.extensions.get("timeout", {})
+        body = await self.request(
+            host=request.url.host,
+            port=request.url.port or 80,
+            method=request.method,
+            target=request.url.raw_path.decode("ascii"),
+            headers=[(k, v) for k, v in request.headers.raw if k.lower() != b"host"],
+            body=await request.aread(),
+            connect_timeout=timeouts.get("connect"),
+            read_timeout=timeouts.get("read"),
+        )
+        return httpx.Response(
+            body.status,
+            headers=body.headers,
+            stream=body,
+            extensions={"http_version": b"HTTP/1.1"},
+        )
+
+    def _idle_connection(self, origin: Origin) -> UpstreamConnection | None:
+        idle = self._idle.get(origin)
+        now = time.monotonic()
+        while idle:
+            connection = idle.pop()  # most recently used: least likely to be stale
+            if connection.closed or now - connection.idle_since > self.keepalive_expiry:
+                connection.close()
+                continue
+            return connection
+        return None
+
+    async def _connect(self, origin: Origin, *, timeout: float | None) -> UpstreamConnection:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(timeout):
+                _, connection = await loop.create_connection(
+                    lambda: UpstreamConnection(on_lost=self._forget), *origin
+                )
+        except TimeoutError:
+            raise httpx.ConnectTimeout(f"connecting to {origin[0]}:{origin[1]} timed out") from None
+        except OSError as exc:
+            raise httpx.ConnectError(f"connecting to {origin[0]}:{origin[1]}: {exc}") from None
+        self._origin_of[connection] = origin
+        return connection
+
+    def _release(self, connection: UpstreamConnection) -> None:
+        origin = self._origin_of.get(connection)
+        if origin is None:
+            connection.close()
+            return
+        idle = self._idle.setdefault(origin, deque())
+        if len(idle) >= self.max_idle_per_origin:
+            connection.close()
+            return
+        connection.idle_since = time.monotonic()
+        idle.append(connection)
+
+    def _forget(self, connection: UpstreamConnection) -> None:
+        origin = self._origin_of.pop(connection, None)
+        idle = self._idle.get(origin) if origin is not None else None
+        if idle is not None and connection in idle:
+            idle.remove(connection)
+
+    async def aclose(self) -> None:
+        for idle in self._idle.values():
+            for connection in idle:
+                connection.close()
+        self._idle.clear()
+
+
+def encode_request(
+    *, method: str, target: str, host: str, headers: Sequence[tuple[bytes, bytes]], body: bytes
+) -> bytes:
+    """An HTTP/1.1 request with its body (the length is always declared)."""
+    lines = [f"{method} {target} HTTP/1.1\r\nhost: {host}".encode("ascii")]
+    lines += [name + b": " + value for name, value in headers if name.lower() != b"content-length"]
+    if body or method not in ("GET", "HEAD"):
+        lines.append(b"content-length: " + str(len(body)).encode("ascii"))
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body
