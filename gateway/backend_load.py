@@ -1,6 +1,7 @@
-"""How busy each replica is from llama-server's own view (all gateways' requests
-count): `llamacpp:requests_processing` and `llamacpp:requests_deferred` from its
-`/metrics`, polled at a bounded rate (one request per endpoint per interval)."""
+"""How busy each replica is with other gateways' requests: llama-server's own
+`llamacpp:requests_processing` + `llamacpp:requests_deferred` from its `/metrics`,
+polled at a bounded rate (one request per endpoint per interval), minus this
+gateway's own in-flight requests there, which it counts exactly."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ def parse_llama_metrics(text: str) -> tuple[int, int]:
 
 
 async def _poll_one(http: httpx.AsyncClient, endpoint: Endpoint) -> None:
+    before = endpoint.in_flight
     try:
         response = await http.get(
             f"http://{endpoint.ip}:{LLAMA_PORT}/metrics", timeout=POLL_TIMEOUT_S
@@ -41,7 +43,8 @@ async def _poll_one(http: httpx.AsyncClient, endpoint: Endpoint) -> None:
     except httpx.HTTPError:
         return
     if response.status_code == 200:
-        endpoint.processing, endpoint.deferred = parse_llama_metrics(response.text)
+        processing, deferred = parse_llama_metrics(response.text)
+        endpoint.observe_backend(held=processing + deferred, ours=max(before, endpoint.in_flight))
 
 
 async def poll_backend_load(*, registry: ModelRegistry, http: httpx.AsyncClient) -> None:

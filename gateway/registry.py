@@ -28,14 +28,20 @@ class Endpoint:
     ip: str
     slots: int
     in_flight: int = 0
-    processing: int = 0  # from llama-server's metrics (all gateways' requests)
-    deferred: int = 0  # queued inside llama-server
+    others: int = 0  # requests other gateways have there (llama-server's view minus ours)
     latency_s: float = 0.0  # smoothed time to response headers
     served: int = 0
     early: bool = False  # confirmed by the supervisor's /readyz before the kubelet said Ready
 
     def pressure(self) -> float:
-        return (max(self.in_flight, self.processing) + self.deferred) / max(self.slots, 1)
+        return (self.in_flight + self.others) / max(self.slots, 1)
+
+    def observe_backend(self, *, held: int, ours: int) -> None:
+        """llama-server said it holds `held` requests (processing + deferred) while
+        this gateway had at most `ours` there. Only the difference is someone else's:
+        counting our own would double them, and a poll is up to an interval old
+        while our in-flight count is exact."""
+        self.others = max(0, held - ours)
 
     def observe_latency(self, seconds: float) -> None:
         if self.latency_s == 0.0:

@@ -1,6 +1,6 @@
 """Which replica takes the next request: the least slot pressure
-((in-flight + queued at the backend) / slots), ties broken by recent latency, then
-by how many requests each has served. Pure."""
+((this gateway's in-flight + other gateways' requests there) / slots), ties broken
+by recent latency, then by how many requests each has served. Pure."""
 
 from __future__ import annotations
 

@@ -27,7 +27,23 @@ DEFAULT_MAX_IDLE_PER_ORIGIN = 512
 PAUSE_READING_BYTES = 1 << 20  # a slow client: stop reading from the replica above this
 RESUME_READING_BYTES = 1 << 16
 
+HOP_BY_HOP_REQUEST = frozenset({b"host", b"content-length", b"transfer-encoding", b"connection"})
+
 Origin = tuple[str, int]
+
+
+async def _exchange(
+    connection: UpstreamConnection, data: bytes, *, no_body: bool, read_timeout: float | None
+) -> None:
+    """Send a request and wait for the response head; on any failure, cancellation
+    included, the connection is closed (the replica must not keep working for a
+    caller that is gone)."""
+    connection.send_request(data, no_body=no_body)
+    try:
+        await connection.read_head(timeout=read_timeout)
+    except BaseException:
+        connection.close()
+        raise
 
 
 class UpstreamConnection(asyncio.Protocol):
@@ -56,6 +72,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._head_done = False
         self._timed_out = False
         self._close_delimited = False
+        self._no_body = False
 
     # asyncio.Protocol -----------------------------------------------------------
 
@@ -98,6 +115,8 @@ class UpstreamConnection(asyncio.Protocol):
         names = {name.lower() for name, _ in self.headers}
         self._close_delimited = not ({b"content-length", b"transfer-encoding"} & names)
         self._head_done = True
+        if self._no_body:
+            self.complete = True
         self._wake()
 
     def on_body(self, body: bytes) -> None:
@@ -142,8 +161,9 @@ class UpstreamConnection(asyncio.Protocol):
         self._timed_out = True
         self._wake()
 
-    def send_request(self, data: bytes) -> None:
+    def send_request(self, data: bytes, *, no_body: bool = False) -> None:
         self._reset()
+        self._no_body = no_body  # a HEAD answer: the parser cannot know it has no body
         assert self.transport is not None
         self.transport.write(data)
 
@@ -216,6 +236,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         self.max_idle_per_origin = max_idle_per_origin
         self._idle: dict[Origin, deque[UpstreamConnection]] = {}
         self._origin_of: dict[UpstreamConnection, Origin] = {}
+        self._reaper: asyncio.TimerHandle | None = None
 
     def idle_connections(self, origin: Origin) -> int:
         return len(self._idle.get(origin, ()))
@@ -234,23 +255,23 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
     ) -> UpstreamBody:
         """Send one request; return once the response head is in (status and headers
         on the returned body, which is read chunk by chunk and must be closed)."""
+        authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         data = encode_request(
-            method=method, target=target, host=f"{host}:{port}", headers=headers, body=body
+            method=method, target=target, host=authority, headers=headers, body=body
         )
+        no_body = method == "HEAD"
         origin = (host, port)
         connection = self._idle_connection(origin)
         if connection is not None:
-            connection.send_request(data)
             try:
-                await connection.read_head(timeout=read_timeout)
+                await _exchange(connection, data, no_body=no_body, read_timeout=read_timeout)
             except httpx.RemoteProtocolError:
                 if connection.received_any:
                     raise
                 connection = None  # the replica closed an idle connection as we reused it
         if connection is None:
             connection = await self._connect(origin, timeout=connect_timeout)
-            connection.send_request(data)
-            await connection.read_head(timeout=read_timeout)
+            await _exchange(connection, data, no_body=no_body, read_timeout=read_timeout)
         return UpstreamBody(connection=connection, release=self._release, read_timeout=read_timeout)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -262,7 +283,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
             port=request.url.port or 80,
             method=request.method,
             target=request.url.raw_path.decode("ascii"),
-            headers=[(k, v) for k, v in request.headers.raw if k.lower() != b"host"],
+            headers=[(k, v) for k, v in request.headers.raw if k.lower() not in HOP_BY_HOP_REQUEST],
             body=await request.aread(),
             connect_timeout=timeouts.get("connect"),
             read_timeout=timeouts.get("read"),
@@ -310,6 +331,21 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
             return
         connection.idle_since = time.monotonic()
         idle.append(connection)
+        if self._reaper is None:
+            self._reaper = asyncio.get_running_loop().call_later(self.keepalive_expiry, self._reap)
+
+    def _reap(self) -> None:
+        """Close connections idle past the expiry (an idle keep-alive connection holds
+        one of llama-server's HTTP threads until its own 5 s timeout)."""
+        self._reaper = None
+        deadline = time.monotonic() - self.keepalive_expiry
+        for idle in self._idle.values():
+            while idle and idle[0].idle_since <= deadline:
+                idle.popleft().close()
+        if any(self._idle.values()):
+            self._reaper = asyncio.get_running_loop().call_later(
+                self.keepalive_expiry / 2, self._reap
+            )
 
     def _forget(self, connection: UpstreamConnection) -> None:
         origin = self._origin_of.pop(connection, None)
@@ -318,6 +354,9 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
             idle.remove(connection)
 
     async def aclose(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
         for idle in self._idle.values():
             for connection in idle:
                 connection.close()

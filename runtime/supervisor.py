@@ -11,6 +11,7 @@ and slot count. On SIGTERM it stops being ready, waits until no slot is processi
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import os
@@ -22,8 +23,6 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 from kama.cache_layout import MANIFEST_NAME, READY_NAME, Manifest
 from kama.serving_plan import LLAMA_PORT, MODELS_DIR, SUPERVISOR_PORT, ServingPlan
@@ -71,8 +70,18 @@ class Supervisor:
         self.models_dir = models_dir
         self.draining = threading.Event()
         self.child: subprocess.Popen[bytes] | None = None
-        self.base = f"http://{host}:{LLAMA_PORT}"
-        self.http = httpx.Client(timeout=PROBE_TIMEOUT_S)
+
+    def _get(self, path: str) -> tuple[int, Any]:
+        """GET one of llama-server's own routes (stdlib http.client: importing httpx
+        would add a third of a second to every replica's start)."""
+        connection = http.client.HTTPConnection(self.host, LLAMA_PORT, timeout=PROBE_TIMEOUT_S)
+        try:
+            connection.request("GET", path)
+            response = connection.getresponse()
+            body = response.read()
+        finally:
+            connection.close()
+        return response.status, json.loads(body) if response.status == 200 else None
 
     def start_child(self) -> None:
         args = self.plan.llama_server_args(
@@ -87,11 +96,13 @@ class Supervisor:
         if self.child is None or self.child.poll() is not None:
             return False, "llama-server is not running"
         try:
-            if self.http.get(f"{self.base}/health").status_code != 200:
+            if self._get("/health")[0] != 200:
                 return False, "llama-server /health is not ok yet"
-            props: dict[str, Any] = self.http.get(f"{self.base}/props").json()
-        except (httpx.HTTPError, ValueError) as exc:
+            status, props = self._get("/props")
+        except (OSError, http.client.HTTPException, ValueError) as exc:
             return False, f"llama-server unreachable: {type(exc).__name__}"
+        if status != 200 or not isinstance(props, dict):
+            return False, f"llama-server /props answered {status}"
         if props.get("total_slots") != self.plan.concurrency:
             return (
                 False,
@@ -106,10 +117,10 @@ class Supervisor:
 
     def busy_slots(self) -> int:
         try:
-            slots = self.http.get(f"{self.base}/slots").json()
-        except (httpx.HTTPError, ValueError):
+            _, slots = self._get("/slots")
+        except (OSError, http.client.HTTPException, ValueError):
             return 0
-        return sum(1 for s in slots if s.get("is_processing"))
+        return sum(1 for s in slots or [] if s.get("is_processing"))
 
     def drain_and_stop(self) -> int:
         self.draining.set()

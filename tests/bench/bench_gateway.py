@@ -4,8 +4,9 @@ measured in the same run, printed and written to bench-results/.
 - added latency: short non-streamed completions and time to first byte of streamed
   ones, through the gateway vs straight to the same llama-server pod, interleaved,
   at concurrency 1, 16 and 64 (targets at concurrency 1: ≤ 1 ms p50, ≤ 5 ms p99 added)
-- throughput at concurrency 64 against a fast upstream (a minimal HTTP server in a
-  pod, so the gateway is what is measured): gateway / direct (target ≥ 0.95)
+- throughput at concurrency 64 against a fast upstream served from this process
+  (so the gateway is what is measured): gateway / direct (target ≥ 0.95), and the
+  gateway's CPU time per proxied request
 - scale from zero: time to first byte through the gateway for a model at zero,
   minus llama-server's own start-to-healthy time for the same model and flags
   measured in the same run (target ≤ 1 s p50)
@@ -15,21 +16,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
 import subprocess
-import sys
 import time
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from gateway.upstream import UpstreamTransport
 from kama.serving_plan import LLAMA_PORT, ServingPlan
 from localstack.binaries import REPO_ROOT
 from localstack.processes import free_port
 from localstack.stack import SHELL_IMAGE
-from tests.conftest import GatewayProcess
+from tests.conftest import GatewayProcess, KamaControl
 from tests.integration.test_serving_plane import (
     deployment,
     ready_artifact,
@@ -41,34 +44,63 @@ from tests.support import apply, eventually, get_json, kubectl
 
 RESULTS = REPO_ROOT / "bench-results"
 ROUNDS = 5
+COLD_STARTS = 5
 FAST_REQUESTS = 3000
 ERRORS: dict[str, list[str]] = {}  # url -> failures seen (reported, not hidden)
 
-FAST_UPSTREAM = """
-import asyncio, os
-BODY = b'{"choices":[{"text":"ok","index":0}],"object":"text_completion"}'
-RESPONSE = (b"HTTP/1.1 200 OK\\r\\ncontent-type: application/json\\r\\ncontent-length: "
-            + str(len(BODY)).encode() + b"\\r\\n\\r\\n" + BODY)
-async def handle(reader, writer):
+FAST_BODY = b'{"choices":[{"text":"ok","index":0}],"object":"text_completion"}'
+FAST_RESPONSE = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+    + str(len(FAST_BODY)).encode()
+    + b"\r\n\r\n"
+    + FAST_BODY
+)
+
+
+async def serve_fast_upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A minimal keep-alive HTTP/1.1 server that answers every request at once."""
     try:
         while True:
-            head = await reader.readuntil(b"\\r\\n\\r\\n")
+            head = await reader.readuntil(b"\r\n\r\n")
             length = 0
-            for line in head.split(b"\\r\\n"):
+            for line in head.split(b"\r\n"):
                 if line.lower().startswith(b"content-length:"):
                     length = int(line.split(b":")[1])
             if length:
                 await reader.readexactly(length)
-            writer.write(RESPONSE)
+            writer.write(FAST_RESPONSE)
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError):
         writer.close()
-async def main():
-    server = await asyncio.start_server(handle, os.environ["POD_IP"], 8080, backlog=1024)
-    async with server:
-        await server.serve_forever()
-asyncio.run(main())
-"""
+
+
+def fast_upstream_pod(namespace: str, plan: ServingPlan) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "fast-upstream",
+            "namespace": namespace,
+            "labels": {"kama.dev/role": "server", "kama.dev/deployment": "fast"},
+        },
+        "spec": {
+            "automountServiceAccountToken": False,
+            "containers": [
+                {
+                    "name": "ip-holder",
+                    "image": SHELL_IMAGE,
+                    "command": ["sh", "-c", "exec sleep 3600"],
+                    "env": [{"name": "KAMA_SERVING_PLAN", "value": plan.to_json()}],
+                    "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
+                }
+            ],
+        },
+    }
+
+
+def process_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def record(name: str, data: dict[str, Any]) -> None:
@@ -83,41 +115,56 @@ def percentile(values: list[float], p: float) -> float:
 
 
 async def timed_batch(
-    http: httpx.AsyncClient,
+    client: UpstreamTransport,
     *,
     url: str,
     body: dict[str, Any],
-    headers: dict[str, str],
     n: int,
     concurrency: int,
     stream: bool,
 ) -> tuple[list[float], float]:
-    """Latencies (to the whole answer, or to the first byte when streaming) and wall time."""
+    """Latencies (to the whole answer, or to the first body byte when streaming) and
+    the wall time of `n` requests from `concurrency` keep-alive connections. The
+    client is the gateway's own lean HTTP/1.1 client, so the load generator's cost
+    per request stays small next to what it measures, for both targets alike."""
+    parsed = httpx.URL(url)
+    payload = json.dumps(body).encode()
+    headers = [(b"content-type", b"application/json")]
     latencies: list[float] = []
-    queue = list(range(n))
+    remaining = [n]
     errors = ERRORS.setdefault(url, [])
 
     async def worker() -> None:
-        while queue:
-            queue.pop()
+        while remaining[0] > 0:
+            remaining[0] -= 1
             started = time.perf_counter()
             try:
-                if stream:
-                    async with http.stream("POST", url, json=body, headers=headers) as response:
-                        chunks = response.aiter_raw()
-                        await anext(chunks)
+                response = await client.request(
+                    host=parsed.host,
+                    port=parsed.port or 80,
+                    method="POST",
+                    target=parsed.path,
+                    headers=headers,
+                    body=payload,
+                    connect_timeout=10,
+                    read_timeout=120,
+                )
+                try:
+                    chunks = aiter(response)
+                    await anext(chunks)
+                    if stream:
                         latencies.append(time.perf_counter() - started)
-                        async for _ in chunks:
-                            pass
-                else:
-                    response = await http.post(url, json=body, headers=headers)
-                    response.read()
-                    latencies.append(time.perf_counter() - started)
+                    async for _ in chunks:
+                        pass
+                    if not stream:
+                        latencies.append(time.perf_counter() - started)
+                finally:
+                    await response.aclose()
             except httpx.HTTPError as exc:
                 errors.append(type(exc).__name__)
                 continue
-            if response.status_code != 200:
-                errors.append(str(response.status_code))
+            if response.status != 200:
+                errors.append(str(response.status))
 
     wall = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -145,127 +192,88 @@ def test_gateway_added_latency_and_throughput(
     results: dict[str, Any] = {}
 
     async def run() -> None:
-        limits = httpx.Limits(
-            max_connections=256, max_keepalive_connections=256, keepalive_expiry=2.0
-        )
-        async with httpx.AsyncClient(timeout=120, limits=limits) as http:
-            for stream in (False, True):
-                body = {
-                    "model": model,
-                    "prompt": "hi",
-                    "max_tokens": 1 if not stream else 4,
-                    "stream": stream,
-                }
-                await timed_batch(
-                    http, url=through, body=body, headers={}, n=20, concurrency=4, stream=stream
-                )
-                for concurrency in (1, 16, 64):
-                    n = max(32, concurrency * 2)
-                    samples: dict[str, list[float]] = {"direct": [], "gateway": []}
-                    for _ in range(ROUNDS):  # interleaved: direct, gateway, direct, ...
-                        for name, url in (("direct", direct), ("gateway", through)):
-                            latencies, _ = await timed_batch(
-                                http,
-                                url=url,
-                                body=body,
-                                headers={},
-                                n=n,
-                                concurrency=concurrency,
-                                stream=stream,
-                            )
-                            samples[name] += latencies
-                    key = f"{'ttft' if stream else 'latency'}_c{concurrency}"
-                    row = {}
-                    for q in (50, 99):
-                        d, g = percentile(samples["direct"], q), percentile(samples["gateway"], q)
-                        row[f"direct_p{q}_ms"] = round(d * 1000, 2)
-                        row[f"gateway_p{q}_ms"] = round(g * 1000, 2)
-                        row[f"added_p{q}_ms"] = round((g - d) * 1000, 2)
-                    results[key] = row
+        client = UpstreamTransport()
+        for stream in (False, True):
+            body = {"model": model, "prompt": "hi", "max_tokens": 1 if not stream else 4}
+            body["stream"] = stream
+            await timed_batch(client, url=through, body=body, n=20, concurrency=4, stream=stream)
+            for concurrency in (1, 16, 64):
+                n = max(32, concurrency * 2)
+                samples: dict[str, list[float]] = {"direct": [], "gateway": []}
+                for _ in range(ROUNDS):  # interleaved: direct, gateway, direct, ...
+                    for name, url in (("direct", direct), ("gateway", through)):
+                        latencies, _ = await timed_batch(
+                            client, url=url, body=body, n=n, concurrency=concurrency, stream=stream
+                        )
+                        samples[name] += latencies
+                key = f"{'ttft' if stream else 'latency'}_c{concurrency}"
+                row = {}
+                for q in (50, 99):
+                    d, g = percentile(samples["direct"], q), percentile(samples["gateway"], q)
+                    row[f"direct_p{q}_ms"] = round(d * 1000, 2)
+                    row[f"gateway_p{q}_ms"] = round(g * 1000, 2)
+                    row[f"added_p{q}_ms"] = round((g - d) * 1000, 2)
+                results[key] = row
+        await client.aclose()
 
     asyncio.run(run())
 
-    # a fast upstream in a pod, so the gateway itself is what is measured
-    script = tmp_path / "fast_upstream.py"
-    script.write_text(FAST_UPSTREAM)
-    script.chmod(0o644)
-    tmp_path.chmod(0o755)
+    # A fast upstream served from this process, so the gateway itself is what is
+    # measured: a pod that only reserves an IP (its readiness probe is this
+    # process's listener on the pod IP), and the model routes to it.
     apply(control.stack, deployment(namespace, "fast", "no-such-artifact"))
     plan = ServingPlan(entrypoint="x", manifest_digest="0" * 64, ctx_total=64, concurrency=64)
-    apply(
-        control.stack,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": "fast-upstream",
-                "namespace": namespace,
-                "labels": {"kama.dev/role": "server", "kama.dev/deployment": "fast"},
-            },
-            "spec": {
-                "automountServiceAccountToken": False,
-                "containers": [
-                    {
-                        "name": "fast",
-                        "image": SHELL_IMAGE,
-                        "command": ["sh", "-c", f"exec {sys.executable} {script}"],
-                        "env": [
-                            {
-                                "name": "POD_IP",
-                                "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
-                            },
-                            {"name": "KAMA_SERVING_PLAN", "value": plan.to_json()},
-                        ],
-                        "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
-                    }
-                ],
-            },
-        },
-    )
+    apply(control.stack, fast_upstream_pod(namespace, plan))
     fast_ip = eventually(
-        lambda: (lambda p: p["status"]["podIP"] if routable([p]) else None)(
+        lambda: (
             get_json(control.stack, "pod", "fast-upstream", "-n", namespace)
+            .get("status", {})
+            .get("podIP")
         ),
         timeout=60,
-        what="the fast upstream",
-    )
-    eventually(
-        lambda: (
-            httpx.post(through, json={"model": f"{namespace}/fast"}, timeout=5).status_code == 200
-        ),
-        timeout=30,
-        what="the gateway to route to the fast upstream",
+        what="the fast upstream pod's IP",
     )
 
     async def throughput() -> None:
-        limits = httpx.Limits(
-            max_connections=128, max_keepalive_connections=128, keepalive_expiry=2.0
-        )
-        async with httpx.AsyncClient(timeout=60, limits=limits) as http:
-            body = {"model": f"{namespace}/fast", "prompt": "x"}
-            walls: dict[str, list[float]] = {"direct": [], "gateway": []}
-            for _ in range(3):
-                for name, url in (
-                    ("direct", f"http://{fast_ip}:8080/v1/completions"),
-                    ("gateway", through),
-                ):
-                    _, wall = await timed_batch(
-                        http,
-                        url=url,
-                        body=body,
-                        headers={},
-                        n=FAST_REQUESTS,
-                        concurrency=64,
-                        stream=False,
-                    )
-                    walls[name].append(wall)
-            direct_rps = FAST_REQUESTS / statistics.median(walls["direct"])
-            gateway_rps = FAST_REQUESTS / statistics.median(walls["gateway"])
-            results["fast_upstream_c64"] = {
-                "direct_rps": round(direct_rps),
-                "gateway_rps": round(gateway_rps),
-                "ratio": round(gateway_rps / direct_rps, 3),
-            }
+        server = await asyncio.start_server(serve_fast_upstream, fast_ip, 8080, backlog=1024)
+        client = UpstreamTransport()
+        gateway_ready = False
+        for _ in range(600):
+            _, _ = await timed_batch(
+                client, url=through, body={"model": f"{namespace}/fast"}, n=1, concurrency=1,
+                stream=False,
+            )  # fmt: skip
+            if not ERRORS.get(through):
+                gateway_ready = True
+                break
+            ERRORS[through].clear()
+            await asyncio.sleep(0.1)
+        assert gateway_ready, "the gateway never routed to the fast upstream"
+        body = {"model": f"{namespace}/fast", "prompt": "x"}
+        walls: dict[str, list[float]] = {"direct": [], "gateway": []}
+        cpu: dict[str, float] = {"direct": 0.0, "gateway": 0.0}
+        for _ in range(3):
+            for name, url in (
+                ("direct", f"http://{fast_ip}:8080/v1/completions"),
+                ("gateway", through),
+            ):
+                before = process_cpu_s(gw.process.popen.pid)
+                _, wall = await timed_batch(
+                    client, url=url, body=body, n=FAST_REQUESTS, concurrency=64, stream=False
+                )
+                cpu[name] += process_cpu_s(gw.process.popen.pid) - before
+                walls[name].append(wall)
+        direct_rps = FAST_REQUESTS / statistics.median(walls["direct"])
+        gateway_rps = FAST_REQUESTS / statistics.median(walls["gateway"])
+        results["fast_upstream_c64"] = {
+            "direct_rps": round(direct_rps),
+            "gateway_rps": round(gateway_rps),
+            "ratio": round(gateway_rps / direct_rps, 3),
+            "gateway_cpu_us_per_request": round(cpu["gateway"] / (3 * FAST_REQUESTS) * 1e6),
+            "cores": os.cpu_count(),
+        }
+        await client.aclose()
+        server.close()
 
     asyncio.run(throughput())
     results["errors"] = {
@@ -284,6 +292,14 @@ def test_gateway_added_latency_and_throughput(
         "--grace-period=0",
         "--force",
     )
+
+
+def runtime_started_at(control: KamaControl, namespace: str, pod: dict[str, Any]) -> float:
+    """When the pod's supervisor launched llama-server (its first log line), as a
+    Unix time: what the control plane and the pod start took, before llama-server."""
+    logs = kubectl(control.stack, "logs", pod["metadata"]["name"], "-n", namespace).stdout
+    stamp = logs.splitlines()[0][: len("2026-01-01 00:00:00,000")]
+    return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
 def llama_start_to_healthy(binary: Path, model: Path, plan: ServingPlan) -> float:
@@ -336,13 +352,13 @@ def test_scale_from_zero_overhead(gateway: GatewayProcess, namespace: str, tmp_p
         entrypoint="cold.gguf", manifest_digest=digest, ctx_total=1024, concurrency=2
     )
     model = tmp_path / "cold.gguf"
-    woken, healthy = [], []
-    for _ in range(3):
+    woken, healthy, to_runtime = [], [], []
+    for _ in range(COLD_STARTS):
         eventually(
             lambda: serving_pods(control, namespace, "cold") == [], timeout=120, what="at zero"
         )
         time.sleep(1)
-        started = time.perf_counter()
+        started, started_wall = time.perf_counter(), time.time()
         with httpx.stream(
             "POST", f"{gw.url}/v1/completions",
             json={"model": f"{namespace}/cold", "prompt": "hi", "max_tokens": 1, "stream": True},
@@ -351,6 +367,8 @@ def test_scale_from_zero_overhead(gateway: GatewayProcess, namespace: str, tmp_p
             for _ in response.iter_raw():
                 woken.append(time.perf_counter() - started)
                 break
+        (pod,) = serving_pods(control, namespace, "cold")
+        to_runtime.append(runtime_started_at(control, namespace, pod) - started_wall)
         healthy.append(llama_start_to_healthy(control.stack.binaries.llama_server, model, plan))
         kubectl(control.stack, "scale", "md", "cold", "-n", namespace, "--replicas=0")
     overheads = [w - h for w, h in zip(woken, healthy, strict=True)]
@@ -359,6 +377,7 @@ def test_scale_from_zero_overhead(gateway: GatewayProcess, namespace: str, tmp_p
         {
             "ttfb_from_zero_s": [round(w, 3) for w in woken],
             "llama_start_to_healthy_s": [round(h, 3) for h in healthy],
+            "request_to_llama_server_launch_s": [round(t, 3) for t in to_runtime],
             "control_plane_overhead_p50_s": round(statistics.median(overheads), 3),
             "target_p50_s": 1.0,
         },

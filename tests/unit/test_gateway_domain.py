@@ -118,8 +118,10 @@ def test_routing_prefers_least_slot_pressure_then_latency() -> None:
     a = Endpoint(pod="a", ip="1", slots=4, in_flight=2)
     b = Endpoint(pod="b", ip="2", slots=8, in_flight=3)  # 3/8 < 2/4
     assert choose_endpoint([a, b], exclude=frozenset()) is b
-    b.deferred = 2  # queued inside llama-server: 5/8 > 2/4
+    b.observe_backend(held=5, ours=3)  # another gateway has 2 there: 5/8 > 2/4
     assert choose_endpoint([a, b], exclude=frozenset()) is a
+    b.observe_backend(held=3, ours=3)  # only ours: a stale poll must not count them twice
+    assert choose_endpoint([a, b], exclude=frozenset()) is b
     c = Endpoint(pod="c", ip="3", slots=4, in_flight=2, latency_s=0.5)
     a.latency_s = 0.1
     assert choose_endpoint([c, a], exclude=frozenset()) is a
