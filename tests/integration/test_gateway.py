@@ -171,7 +171,9 @@ def test_load_split_by_slot_pressure_and_killed_replica(
     model = f"{namespace}/pair"
     eventually(lambda: completion_pod(gw, model, 1).startswith("pair-"), timeout=30, what="routing")
     with concurrent.futures.ThreadPoolExecutor(32) as pool:
-        pods = list(pool.map(lambda _: completion_pod(gw, model), range(32)))
+        # long enough that the 32 overlap: the split comes from slot pressure, not
+        # from the latency tie-break that decides between two idle replicas
+        pods = list(pool.map(lambda _: completion_pod(gw, model, 256), range(32)))
     counts = Counter(pods)
     assert all(p.startswith("pair-") for p in pods), counts
     assert len(counts) == 2 and min(counts.values()) >= 10, f"load split by slots: {counts}"
