@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 
 import httpx
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics, RequestSeries
@@ -146,7 +146,28 @@ class Relay:
         return headers
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        metrics, upstream = self.proxy.metrics, self.upstream
+        start = {
+            "type": "http.response.start",
+            "status": self.upstream.status,
+            "headers": self.response_headers(),
+        }
+        whole = self.upstream.take_whole_body()
+        try:
+            if whole is not None:  # a short answer that is all here: no relay needed
+                await send(start)
+                self.series.ttft.observe(time.monotonic() - self.started)
+                await send({"type": "http.response.body", "body": whole, "more_body": False})
+            else:
+                await self._stream(start, receive, send)
+        finally:
+            await self.upstream.aclose()
+            self.proxy.end_request(self.model, self.endpoint, self.series)
+            self.series.duration.observe(time.monotonic() - self.started)
+            self.proxy.metrics.requests.labels(
+                self.model.key, self.route, str(self.upstream.status)
+            ).inc()
+
+    async def _stream(self, start: Message, receive: Receive, send: Send) -> None:
         relaying = asyncio.current_task()
         assert relaying is not None
         client_gone = False
@@ -160,15 +181,9 @@ class Relay:
 
         watcher = asyncio.create_task(watch_client())
         try:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": upstream.status,
-                    "headers": self.response_headers(),
-                }
-            )
+            await send(start)
             first = True
-            async for chunk in upstream:
+            async for chunk in self.upstream:
                 if first:
                     self.series.ttft.observe(time.monotonic() - self.started)
                     first = False
@@ -178,13 +193,9 @@ class Relay:
         except asyncio.CancelledError:
             if not client_gone:
                 raise
-            relaying.uncancel()  # the client left: closing upstream below is the answer
+            relaying.uncancel()  # the client left: closing upstream is the answer
         except httpx.HTTPError as exc:
-            metrics.upstream_errors.labels(self.model.key, type(exc).__name__).inc()
+            self.proxy.metrics.upstream_errors.labels(self.model.key, type(exc).__name__).inc()
             raise  # abort the client's connection: a truncated answer must not look whole
         finally:
             watcher.cancel()
-            await upstream.aclose()
-            self.proxy.end_request(self.model, self.endpoint, self.series)
-            self.series.duration.observe(time.monotonic() - self.started)
-            metrics.requests.labels(self.model.key, self.route, str(upstream.status)).inc()

@@ -189,6 +189,17 @@ class UpstreamConnection(asyncio.Protocol):
                 raise self.error
             await self._wait(timeout=timeout)
 
+    def take_whole_body(self) -> bytes | None:
+        if not self.complete:
+            return None
+        body = b"".join(self._chunks)
+        self._chunks.clear()
+        self._buffered = 0
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        return body
+
     def close(self) -> None:
         if not self.closed and self.transport is not None:
             self.closed = True
@@ -213,6 +224,10 @@ class UpstreamBody(httpx.AsyncByteStream):
     async def __aiter__(self) -> AsyncIterator[bytes]:
         while (chunk := await self._connection.read_chunk(timeout=self._read_timeout)) is not None:
             yield chunk
+
+    def take_whole_body(self) -> bytes | None:
+        """The entire body if it has already arrived (it is then consumed), else None."""
+        return self._connection.take_whole_body()
 
     async def aclose(self) -> None:
         if self._done:

@@ -6,6 +6,7 @@ says why the deployment is not serving."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -17,13 +18,14 @@ from temporalio.common import (
     TypedSearchAttributes,
     WorkflowIDConflictPolicy,
 )
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities.kube import ObjectRef
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
 from gateway.registry import Model, ModelRegistry
 from kama.serving_plan import SUPERVISOR_PORT
-from workflows.wake import WakeInput, WakeWorkflow
+from workflows.wake import WakeInput, WakeWorkflow, wake_workflow_id
 
 log = logging.getLogger("kama.gateway")
 
@@ -75,7 +77,7 @@ class Waker:
                 ref=ObjectRef(namespace=model.namespace, name=model.name, uid=model.uid),
                 timeout_s=model.cold_start_s,
             ),
-            id=f"wake/{model.namespace}/{model.name}",
+            id=wake_workflow_id(namespace=model.namespace, name=model.name),
             task_queue=self.task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             search_attributes=TypedSearchAttributes(
@@ -140,8 +142,29 @@ class Waker:
         waited = time.monotonic() - started
         self.metrics.queue_wait.labels(model.key).observe(waited)
         self.metrics.cold_start_duration.labels(model.key).observe(waited)
+        self._tell_wake(model)
+
+    def _tell_wake(self, model: Model) -> None:
+        """The first held request to get a replica tells the wake workflow it is done
+        (once per wake this gateway started or joined)."""
+        start = self._starting.pop(model.key, None)
+        if start is not None:
+            task = asyncio.create_task(self._signal_ready(model, start))
+            task.add_done_callback(_log_failure)
+
+    async def _signal_ready(self, model: Model, start: asyncio.Task[None]) -> None:
+        with contextlib.suppress(Exception):
+            await start  # its failure is logged by its own callback
+        handle = self.client.get_workflow_handle(
+            wake_workflow_id(namespace=model.namespace, name=model.name)
+        )
+        try:
+            await handle.signal(WakeWorkflow.replica_ready)
+        except RPCError as exc:
+            if exc.status != RPCStatusCode.NOT_FOUND:  # not found: it already finished
+                raise
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
-        log.error("starting the wake workflow failed: %s", task.exception())
+        log.error("telling the wake workflow failed: %s", task.exception())

@@ -111,7 +111,14 @@ def _gateway(args: argparse.Namespace) -> int:
 
     app = create_app(settings=_settings(), api_factory=kube_api)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # no log line per proxied request
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        proxy_headers=False,  # nothing uses the client address; no header is trusted for it
+    )
     return 0
 
 

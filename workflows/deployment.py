@@ -12,6 +12,7 @@ the finalizer is released; the artifact is left alone.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -20,7 +21,7 @@ from temporalio import workflow
 from temporalio.exceptions import ChildWorkflowError
 
 from workflows.drain import SLOTS_RETRY, SLOTS_TIMEOUT
-from workflows.kube_calls import call_kube
+from workflows.kube_calls import call_kube, start_kube
 
 with workflow.unsafe.imports_passed_through():
     from activities.kube import (
@@ -118,6 +119,8 @@ class DeploymentWorkflow:
         self._replan = True
         self._wake = False
         self._doing = "starting"
+        self._events_sent: list[asyncio.Task[Any]] = []  # Events, off the critical path
+        self._status_to_add: dict[str, Any] = {}  # rides along with the next status write
 
     # signals and queries ------------------------------------------------------
 
@@ -173,6 +176,7 @@ class DeploymentWorkflow:
             assert snap is not None
             if snap.deleting:
                 await self._finalize(snap)
+                await self._events_recorded()
                 return
             self._dirty = False
             spec = ModelDeploymentSpec.model_validate(snap.spec)
@@ -194,6 +198,7 @@ class DeploymentWorkflow:
             idle_in = await self._scale_down_when_idle(snap, spec)
             if idle_in is not None:
                 wait = min(wait, idle_in)
+            await self._events_recorded()
             try:
                 await workflow.wait_condition(lambda: self._dirty, timeout=wait)
             except TimeoutError:
@@ -327,7 +332,6 @@ class DeploymentWorkflow:
         result: RolloutResult | None = None
         if not settled:
             self._doing = f"rolling out {fingerprint} to {desired} replica(s)"
-            await self._write_replicas(snap, desired=desired, pods=pods, fingerprint=fingerprint)
             self._memory.rollouts += 1
             handle = await workflow.start_child_workflow(
                 RolloutWorkflow.run,
@@ -342,6 +346,7 @@ class DeploymentWorkflow:
                 task_queue=workflow.info().task_queue,
                 search_attributes=workflow.info().typed_search_attributes,
             )
+            await self._write_replicas(snap, desired=desired, pods=pods, fingerprint=fingerprint)
             await workflow.wait_condition(
                 lambda: handle.done() or self._spec_moved(snap, desired), timeout=None
             )
@@ -427,7 +432,7 @@ class DeploymentWorkflow:
         await call_kube(
             ServingPodActivities.set_replicas, ScaleRequest(ref=snap.ref, replicas=replicas)
         )
-        await self._record(snap, "Normal", "Scaled", f"spec.replicas set to {replicas}: {why}")
+        self._record(snap, "Normal", "Scaled", f"spec.replicas set to {replicas}: {why}")
 
     async def _scale_for_wake(
         self, snap: ArtifactSnapshot, spec: ModelDeploymentSpec
@@ -443,7 +448,7 @@ class DeploymentWorkflow:
         self._memory.woke_at_generation = snap.generation
         await self._set_replicas(snap, wanted, "a request arrived while at zero")
         self._memory.seen_replicas = wanted
-        await self._write(snap, extra={"lastWake": rfc3339(workflow.now())}, conditions=[])
+        self._status_to_add["lastWake"] = rfc3339(workflow.now())  # written with the rollout's
         return spec.model_copy(update={"replicas": wanted})
 
     async def _scale_down_when_idle(
@@ -508,6 +513,8 @@ class DeploymentWorkflow:
         status = dict(self._memory.status)
         before: Conditions = list(status.get("conditions", []))
         current = set_conditions(before, conditions, now=workflow.now(), generation=snap.generation)
+        status.update(self._status_to_add)
+        self._status_to_add = {}
         status.update(extra)
         status.update(
             {
@@ -523,35 +530,42 @@ class DeploymentWorkflow:
             KubeActivities.patch_status,
             StatusPatch(kind_plural=DEPLOYMENTS, ref=snap.ref, status=status),
         )
-        await self._events(snap, before=before, after=current)
+        self._events(snap, before=before, after=current)
 
-    async def _events(
-        self, snap: ArtifactSnapshot, *, before: Conditions, after: Conditions
-    ) -> None:
+    def _events(self, snap: ArtifactSnapshot, *, before: Conditions, after: Conditions) -> None:
         for kind in EVENT_CONDITIONS:
             old, new = condition_status(before, kind), condition_status(after, kind)
             if new is None or old == new:
                 continue
             entry = next(c for c in after if c["type"] == kind)
             bad = (new == "True") == (kind in WARNING_WHEN_TRUE)
-            await self._record(
+            self._record(
                 snap,
                 "Warning" if bad and not (old is None and new == "False") else "Normal",
                 entry["reason"],
                 f"{kind}={new}: {entry['message']}",
             )
 
-    async def _record(self, snap: ArtifactSnapshot, kind: str, reason: str, message: str) -> None:
-        await call_kube(
-            KubeActivities.record_event,
-            EventRequest(
-                kind="ModelDeployment",
-                ref=snap.ref,
-                type=kind,
-                reason=reason,
-                message=message[:1024],
-            ),
+    def _record(self, snap: ArtifactSnapshot, kind: str, reason: str, message: str) -> None:
+        """Start recording an Event; the loop waits for all of them before it sleeps,
+        so a wake's scale-up does not wait for its own Event."""
+        self._events_sent.append(
+            start_kube(
+                KubeActivities.record_event,
+                EventRequest(
+                    kind="ModelDeployment",
+                    ref=snap.ref,
+                    type=kind,
+                    reason=reason,
+                    message=message[:1024],
+                ),
+            )
         )
+
+    async def _events_recorded(self) -> None:
+        sent, self._events_sent = self._events_sent, []
+        for event in sent:
+            await event
 
 
 def _degraded_reason(*, mode: str, degraded: str | None) -> str:

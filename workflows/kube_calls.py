@@ -20,3 +20,11 @@ async def call_kube(method: Any, argument: Any) -> Any:
     return await workflow.execute_activity_method(
         method, argument, start_to_close_timeout=KUBE_TIMEOUT, retry_policy=KUBE_RETRY
     )
+
+
+def start_kube(method: Any, argument: Any) -> Any:
+    """Start one Kubernetes activity without waiting for it (the caller awaits the
+    returned handle later)."""
+    return workflow.start_activity_method(
+        method, argument, start_to_close_timeout=KUBE_TIMEOUT, retry_policy=KUBE_RETRY
+    )

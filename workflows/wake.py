@@ -4,11 +4,12 @@ The gateway starts it with the "use existing" conflict policy when a request fin
 no ready replica, so a burst of first requests starts one wake. It asks the
 DeploymentWorkflow to scale up (signal `wake`, repeated every few seconds while it
 waits; the scale-up itself is the deployment's decision and goes through `/scale`),
-then waits until a replica is ready, or fails after the cold-start timeout saying
-what it saw."""
+then waits until a replica is ready (or a gateway signals `replica ready`), or fails
+after the cold-start timeout saying what it saw."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -38,6 +39,11 @@ class WakeResult:
     waited_s: float
 
 
+def wake_workflow_id(*, namespace: str, name: str) -> str:
+    """One per model, whatever its uid: concurrent first requests share it."""
+    return f"wake/{namespace}/{name}"
+
+
 def deployment_workflow_id(ref: ObjectRef) -> str:
     return f"deployment/{ref.namespace}/{ref.name}/{ref.uid}"
 
@@ -46,6 +52,14 @@ def deployment_workflow_id(ref: ObjectRef) -> str:
 class WakeWorkflow:
     def __init__(self) -> None:
         self._doing = "starting"
+        self._seen_by_gateway = False
+
+    @workflow.signal(name="replica ready")
+    def replica_ready(self) -> None:
+        """A gateway routed to a replica (it may know before the kubelet's probe
+        does): the wake is done, and must not ask again after, say, a user scaled
+        the model back to zero."""
+        self._seen_by_gateway = True
 
     @workflow.query(name="status")
     def status(self) -> dict[str, str]:
@@ -69,7 +83,7 @@ class WakeWorkflow:
                 PodsRequest(namespace=request.ref.namespace, deployment=request.ref.name),
             )
             ready = [p for p in pods if p.ready and p.serving]
-            if ready:
+            if ready or self._seen_by_gateway:
                 return WakeResult(
                     ready_pods=len(ready), waited_s=(workflow.now() - started).total_seconds()
                 )
@@ -81,4 +95,5 @@ class WakeWorkflow:
                     non_retryable=True,
                 )
             self._doing = f"waiting for a ready replica ({len(pods)} pod(s))"
-            await workflow.sleep(READY_POLL)
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(lambda: self._seen_by_gateway, timeout=READY_POLL)

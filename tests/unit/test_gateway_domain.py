@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -151,13 +152,28 @@ def test_errors_use_the_openai_shape() -> None:
 
 class RecordingTemporal:
     """Stands in for the Temporal client in the wake queue's unit tests: it records
-    the wake workflows the gateway starts (the real start is covered on the stack)."""
+    the wake workflows the gateway starts and the signals it sends them (the real
+    calls are covered on the stack)."""
 
     def __init__(self) -> None:
         self.started: list[str] = []
+        self.signalled: list[tuple[str, str]] = []
 
     async def start_workflow(self, *_args: Any, id: str, **_kwargs: Any) -> None:
         self.started.append(id)
+
+    def get_workflow_handle(self, workflow_id: str) -> RecordingHandle:
+        return RecordingHandle(temporal=self, workflow_id=workflow_id)
+
+
+@dataclass
+class RecordingHandle:
+    temporal: RecordingTemporal
+    workflow_id: str
+
+    async def signal(self, signal: Any, *_args: Any) -> None:
+        name = getattr(signal, "__temporal_signal_definition").name
+        self.temporal.signalled.append((self.workflow_id, name))
 
 
 def waker_and_model(**scaling: Any) -> tuple[Waker, RecordingTemporal, ModelRegistry]:
@@ -186,6 +202,8 @@ async def test_held_requests_start_one_wake_and_go_to_the_first_replica() -> Non
     registry.apply_pod("ADDED", pod("p0"))
     await asyncio.wait_for(asyncio.gather(*held), timeout=5)
     assert temporal.started == ["wake/ns/chat"] and model.held == 0
+    await asyncio.sleep(0.05)
+    assert temporal.signalled == [("wake/ns/chat", "replica ready")]  # once, not 5 times
 
 
 async def test_queue_overflow_deletion_and_timeout_are_clear_errors() -> None:
