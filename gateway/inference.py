@@ -10,6 +10,7 @@ metrics, and the 403/404 answers for llama-server's admin routes) is FastAPI's."
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from typing import Any
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.errors import GatewayError
-from gateway.proxy import Proxy
+from gateway.proxy import Proxy, Relay
 from gateway.registry import Model, ModelRegistry
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -29,6 +30,7 @@ OPENAI_ROUTES = {
 }
 NATIVE_ROUTES = frozenset({"completion", "tokenize", "detokenize", "infill"})
 MODEL_HEADER = b"x-kama-model"
+CLIENT_CLOSED = "499"  # the client left before an answer started (nginx's code)
 
 
 @dataclass(frozen=True)
@@ -99,12 +101,45 @@ def resolve(registry: ModelRegistry, name: object) -> Model:
     return model
 
 
+class ClientWatch:
+    """Cancels the request's task if its client disconnects (uvicorn's `send` drops
+    writes to a gone client silently), so waiting for a replica at zero, waiting for
+    a non-streamed answer, and relaying a stream all stop with the client, and the
+    upstream connection is closed under llama-server."""
+
+    def __init__(self, *, receive: Receive) -> None:
+        self._receive = receive
+        self.client_gone = False
+        self._done = False
+        self._task: asyncio.Task[Any] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+
+    def __enter__(self) -> ClientWatch:
+        self._task = asyncio.current_task()
+        self._watcher = asyncio.create_task(self._watch())
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._done = True
+        if self._watcher is not None:
+            self._watcher.cancel()
+
+    async def _watch(self) -> None:
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+        if not self._done and self._task is not None:
+            self.client_gone = True
+            self._task.cancel()
+
+
 async def serve_inference(
     *, proxy: Proxy, route: InferenceRoute, scope: Scope, receive: Receive, send: Send
 ) -> None:
     raw_headers: list[tuple[bytes, bytes]] = scope["headers"]
     headers = dict(raw_headers)
     model: Model | None = None
+    relay: Relay | None = None
+    watch = ClientWatch(receive=receive)
     try:
         body = await read_body(receive=receive, headers=headers, limit=MAX_BODY_BYTES)
         fields = parse_object(body)
@@ -115,22 +150,30 @@ async def serve_inference(
         else:
             name = fields.get("model")
         model = resolve(proxy.registry, name)
-        relay = await proxy.forward(
-            model=model,
-            method=scope["method"],
-            path=route.upstream_path,
-            body=body,
-            headers=raw_headers,
-            route=route.route,
-        )
+        with watch:
+            relay = await proxy.forward(
+                model=model,
+                method=scope["method"],
+                path=route.upstream_path,
+                body=body,
+                headers=raw_headers,
+                route=route.route,
+            )
+            await relay.send_to(send)
     except ClientGone:
         return
     except GatewayError as exc:
         if model is not None:
             proxy.metrics.requests.labels(model.key, route.route, str(exc.status)).inc()
         await exc.response()(scope, receive, send)
-        return
-    await relay(scope, receive, send)
+    except asyncio.CancelledError:
+        if not watch.client_gone:
+            raise
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()  # the client left: what it was waiting for is already undone
+        if model is not None and relay is None:  # a relay counts its own answer
+            proxy.metrics.requests.labels(model.key, route.route, CLIENT_CLOSED).inc()
 
 
 class InferenceRoutes:

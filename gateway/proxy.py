@@ -4,18 +4,17 @@ The replica is chosen by slot pressure; a connection that fails before anything 
 sent is retried on another replica (the failing one stops being routed), any later
 failure is the client's 502. The answer is relayed straight onto the ASGI
 connection as chunks arrive (SSE included, no buffering, the replica's
-content-length kept when it sent one). While relaying, a second task waits for the
-client to go away; if it does, the relay is cancelled and the upstream connection
-closed, which is how llama-server learns to stop generating."""
+content-length kept when it sent one); if the client goes away the caller cancels
+the relay and the unfinished upstream answer is closed, which is how llama-server
+learns to stop generating."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
 
 import httpx
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Send
 
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics, RequestSeries
@@ -96,6 +95,9 @@ class Proxy:
                 raise GatewayError(
                     502, f"replica {endpoint.pod} failed: {type(exc).__name__}", type="api_error"
                 ) from None
+            except BaseException:  # cancelled: the client left while the replica worked
+                self.end_request(model, endpoint, series)
+                raise
             endpoint.observe_latency(time.monotonic() - sent)
             return Relay(
                 proxy=self,
@@ -145,20 +147,32 @@ class Relay:
         headers.append((b"x-kama-model", self.model.key.encode()))
         return headers
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def send_to(self, send: Send) -> None:
+        """Relay the answer onto the client's connection. The caller cancels this if
+        the client goes away; closing the unfinished upstream answer is then what
+        tells llama-server to stop."""
         start = {
             "type": "http.response.start",
             "status": self.upstream.status,
             "headers": self.response_headers(),
         }
-        whole = self.upstream.take_whole_body()
         try:
-            if whole is not None:  # a short answer that is all here: no relay needed
-                await send(start)
+            await send(start)
+            whole = self.upstream.take_whole_body()
+            if whole is not None:  # a short answer that is all here: one message
                 self.series.ttft.observe(time.monotonic() - self.started)
                 await send({"type": "http.response.body", "body": whole, "more_body": False})
-            else:
-                await self._stream(start, receive, send)
+                return
+            first = True
+            async for chunk in self.upstream:
+                if first:
+                    self.series.ttft.observe(time.monotonic() - self.started)
+                    first = False
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except httpx.HTTPError as exc:
+            self.proxy.metrics.upstream_errors.labels(self.model.key, type(exc).__name__).inc()
+            raise  # abort the client's connection: a truncated answer must not look whole
         finally:
             await self.upstream.aclose()
             self.proxy.end_request(self.model, self.endpoint, self.series)
@@ -166,36 +180,3 @@ class Relay:
             self.proxy.metrics.requests.labels(
                 self.model.key, self.route, str(self.upstream.status)
             ).inc()
-
-    async def _stream(self, start: Message, receive: Receive, send: Send) -> None:
-        relaying = asyncio.current_task()
-        assert relaying is not None
-        client_gone = False
-
-        async def watch_client() -> None:
-            nonlocal client_gone
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            client_gone = True
-            relaying.cancel()
-
-        watcher = asyncio.create_task(watch_client())
-        try:
-            await send(start)
-            first = True
-            async for chunk in self.upstream:
-                if first:
-                    self.series.ttft.observe(time.monotonic() - self.started)
-                    first = False
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            watcher.cancel()
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except asyncio.CancelledError:
-            if not client_gone:
-                raise
-            relaying.uncancel()  # the client left: closing upstream is the answer
-        except httpx.HTTPError as exc:
-            self.proxy.metrics.upstream_errors.labels(self.model.key, type(exc).__name__).inc()
-            raise  # abort the client's connection: a truncated answer must not look whole
-        finally:
-            watcher.cancel()

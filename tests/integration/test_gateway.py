@@ -141,6 +141,29 @@ def test_openai_and_native_routes(gateway: GatewayProcess, namespace: str, tmp_p
         what="the slot to go idle after the client left",
     )
     assert time.monotonic() - closed < 2.0, "cancellation reached llama-server"
+
+    # a client that gives up on a long non-streamed answer is let go at once: the
+    # gateway closes its upstream connection (this llama-server build keeps generating
+    # a non-streamed answer whose client left, even when called directly)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            f"{gw.url}/v1/completions",
+            json={"model": model, "prompt": "tell a long story", "max_tokens": 6000,
+                  "ignore_eos": True},
+            timeout=httpx.Timeout(10, read=1.0),
+        )  # fmt: skip
+    closed = time.monotonic()
+    eventually(
+        lambda: (
+            f'kama_gateway_in_flight{{model="{model}"}} 0.0'
+            in httpx.get(f"{gw.url}/metrics", timeout=10).text
+        ),
+        timeout=10,
+        what="the gateway to let go of the request whose client left",
+    )
+    assert time.monotonic() - closed < 2.0, "the gateway held on to a request nobody waits for"
+    left = f'kama_gateway_requests_total{{code="499",model="{model}",route="completions"}} 1.0'
+    assert left in httpx.get(f"{gw.url}/metrics", timeout=10).text
     metrics = httpx.get(f"{gw.url}/metrics", timeout=10).text
     assert f'kama_gateway_requests_total{{code="200",model="{model}",route="chat"}}' in metrics
     assert "tell a long story" not in metrics
