@@ -5,8 +5,9 @@ measured in the same run, printed and written to bench-results/.
   ones, through the gateway vs straight to the same llama-server pod, interleaved,
   at concurrency 1, 16 and 64 (targets at concurrency 1: ≤ 1 ms p50, ≤ 5 ms p99 added)
 - throughput at concurrency 64 against a fast upstream served from this process
-  (so the gateway is what is measured): gateway / direct (target ≥ 0.95), and the
-  gateway's CPU time per proxied request
+  (so the gateway is what is measured): gateway / direct (target ≥ 0.95), the
+  gateway's CPU time per proxied request, and the same for a do-nothing ASGI app on
+  the gateway's server settings (the ceiling of any uvicorn-served gateway here)
 - scale from zero: time to first byte through the gateway for a model at zero,
   minus llama-server's own start-to-healthy time for the same model and flags
   measured in the same run (target ≤ 1 s p50)
@@ -19,6 +20,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import time
 from collections import Counter
 from datetime import datetime
@@ -72,6 +74,22 @@ async def serve_fast_upstream(reader: asyncio.StreamReader, writer: asyncio.Stre
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError):
         writer.close()
+
+
+ASGI_FLOOR_APP = f"""
+import sys, uvicorn
+BODY = {FAST_BODY!r}
+HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(BODY)).encode())]
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    while (await receive()).get("more_body"):
+        pass
+    await send({{"type": "http.response.start", "status": 200, "headers": HEADERS}})
+    await send({{"type": "http.response.body", "body": BODY}})
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning",
+            access_log=False, proxy_headers=False, loop="uvloop", http="httptools")
+"""
 
 
 def fast_upstream_pod(namespace: str, plan: ServingPlan) -> dict[str, Any]:
@@ -250,32 +268,53 @@ def test_gateway_added_latency_and_throughput(
             await asyncio.sleep(0.1)
         assert gateway_ready, "the gateway never routed to the fast upstream"
         body = {"model": f"{namespace}/fast", "prompt": "x"}
-        walls: dict[str, list[float]] = {"direct": [], "gateway": []}
-        cpu: dict[str, float] = {"direct": 0.0, "gateway": 0.0}
+        targets = {  # name -> (url, the process whose CPU time is counted)
+            "direct": (f"http://{fast_ip}:8080/v1/completions", os.getpid()),
+            "gateway": (through, gw.process.popen.pid),
+            "asgi_floor": (f"http://127.0.0.1:{floor_port}/v1/completions", floor.pid),
+        }
+        walls: dict[str, list[float]] = {name: [] for name in targets}
+        cpu: dict[str, float] = dict.fromkeys(targets, 0.0)
         for _ in range(3):
-            for name, url in (
-                ("direct", f"http://{fast_ip}:8080/v1/completions"),
-                ("gateway", through),
-            ):
-                before = process_cpu_s(gw.process.popen.pid)
+            for name, (url, pid) in targets.items():
+                before = process_cpu_s(pid)
                 _, wall = await timed_batch(
                     client, url=url, body=body, n=FAST_REQUESTS, concurrency=64, stream=False
                 )
-                cpu[name] += process_cpu_s(gw.process.popen.pid) - before
+                cpu[name] += process_cpu_s(pid) - before
                 walls[name].append(wall)
-        direct_rps = FAST_REQUESTS / statistics.median(walls["direct"])
-        gateway_rps = FAST_REQUESTS / statistics.median(walls["gateway"])
+        rps = {name: FAST_REQUESTS / statistics.median(walls[name]) for name in targets}
+        per_request = {name: round(cpu[name] / (3 * FAST_REQUESTS) * 1e6) for name in targets}
         results["fast_upstream_c64"] = {
-            "direct_rps": round(direct_rps),
-            "gateway_rps": round(gateway_rps),
-            "ratio": round(gateway_rps / direct_rps, 3),
-            "gateway_cpu_us_per_request": round(cpu["gateway"] / (3 * FAST_REQUESTS) * 1e6),
+            "direct_rps": round(rps["direct"]),
+            "gateway_rps": round(rps["gateway"]),
+            "ratio": round(rps["gateway"] / rps["direct"], 3),
+            "gateway_cpu_us_per_request": per_request["gateway"],
+            # this process (client + fast upstream) per direct request
+            "client_and_upstream_cpu_us_per_request": per_request["direct"],
+            # a do-nothing ASGI app on the gateway's server settings: the ceiling of
+            # any uvicorn-served gateway on this machine
+            "asgi_floor_rps": round(rps["asgi_floor"]),
+            "asgi_floor_cpu_us_per_request": per_request["asgi_floor"],
             "cores": os.cpu_count(),
         }
         await client.aclose()
         server.close()
 
-    asyncio.run(throughput())
+    floor_port = free_port()
+    floor_app = tmp_path / "asgi_floor.py"
+    floor_app.write_text(ASGI_FLOOR_APP)
+    floor = subprocess.Popen([sys.executable, str(floor_app), str(floor_port)])
+    try:
+        eventually(
+            lambda: httpx.post(f"http://127.0.0.1:{floor_port}/", timeout=2).status_code == 200,
+            timeout=30,
+            what="the ASGI floor app",
+        )
+        asyncio.run(throughput())
+    finally:
+        floor.terminate()
+        floor.wait(timeout=10)
     results["errors"] = {
         ("gateway" if url.startswith(gw.url) else "direct"): dict(Counter(kinds))
         for url, kinds in ERRORS.items()

@@ -202,6 +202,18 @@ async def send(
     )
 
 
+def silent_replica() -> tuple[Serve, list[bool]]:
+    """A server that reads one request, never answers, and records whether the
+    client then hung up."""
+    hung_up: list[bool] = []
+
+    async def serve(conn: Conn) -> None:
+        await conn.read_request()
+        hung_up.append(await conn.client_left())
+
+    return serve, hung_up
+
+
 async def read_all(body: UpstreamBody) -> bytes:
     try:
         return b"".join([piece async for piece in body])
@@ -473,12 +485,7 @@ async def test_a_refused_connection_is_a_connect_error(transport: UpstreamTransp
 async def test_a_silent_replica_is_a_read_timeout_and_is_hung_up_on(
     transport: UpstreamTransport,
 ) -> None:
-    hung_up: list[bool] = []
-
-    async def serve(conn: Conn) -> None:
-        await conn.read_request()
-        hung_up.append(await conn.client_left())
-
+    serve, hung_up = silent_replica()
     async with Replica(serve) as replica:
         with pytest.raises(httpx.ReadTimeout):
             await send(transport, replica, read_timeout=0.3)
@@ -649,12 +656,7 @@ async def test_httpx_streamed_request_body_is_sent_with_one_framing() -> None:
 async def test_a_request_cancelled_before_its_answer_closes_the_connection(
     transport: UpstreamTransport,
 ) -> None:
-    hung_up: list[bool] = []
-
-    async def serve(conn: Conn) -> None:
-        await conn.read_request()
-        hung_up.append(await conn.client_left())
-
+    serve, hung_up = silent_replica()
     async with Replica(serve) as replica:
         waiting = asyncio.create_task(send(transport, replica, read_timeout=None))
         while not replica.requests:
