@@ -30,7 +30,8 @@ from workflows.wake import WakeInput, WakeWorkflow, wake_workflow_id
 log = logging.getLogger("kama.gateway")
 
 RETRY_AFTER_QUEUE_FULL_S = 5
-EARLY_PROBE_S = 0.1
+EARLY_PROBE_S = 0.05  # while requests are held for a starting replica
+EARLY_PROBE_TIMEOUT_S = 0.25
 RETRY_AFTER_COLD_START_S = 30
 KAMA_KIND = SearchAttributeKey.for_keyword("KamaKind")
 KAMA_NAMESPACE = SearchAttributeKey.for_keyword("KamaNamespace")
@@ -57,12 +58,13 @@ class Waker:
 
     async def _probe_starting(self, model: Model) -> None:
         """While requests are held, ask starting pods' supervisors directly (the same
-        /readyz the kubelet probes, every 100 ms instead of every probe period)."""
+        /readyz the kubelet probes, every 50 ms instead of every probe period)."""
         while model.held and not model.endpoints:
             for endpoint in list(model.starting.values()):
                 try:
                     response = await self.http.get(
-                        f"http://{endpoint.ip}:{SUPERVISOR_PORT}/readyz", timeout=EARLY_PROBE_S
+                        f"http://{endpoint.ip}:{SUPERVISOR_PORT}/readyz",
+                        timeout=EARLY_PROBE_TIMEOUT_S,
                     )
                 except httpx.HTTPError:
                     continue

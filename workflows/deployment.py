@@ -341,6 +341,7 @@ class DeploymentWorkflow:
                     desired=desired,
                     next_ordinal=self._memory.next_ordinal,
                     deadline_s=parse_duration(spec.scaling.cold_start_timeout).total_seconds(),
+                    observed=pods,
                 ),
                 id=f"rollout/{snap.ref.namespace}/{snap.ref.name}/{self._memory.rollouts}",
                 task_queue=workflow.info().task_queue,
