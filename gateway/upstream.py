@@ -26,6 +26,7 @@ DEFAULT_KEEPALIVE_EXPIRY_S = 2.0
 DEFAULT_MAX_IDLE_PER_ORIGIN = 512
 PAUSE_READING_BYTES = 1 << 20  # a slow client: stop reading from the replica above this
 RESUME_READING_BYTES = 1 << 16
+STALE_RACE_S = 0.05  # a reused connection lost this soon after the write is retried once
 
 HOP_BY_HOP_REQUEST = frozenset({b"host", b"content-length", b"transfer-encoding", b"connection"})
 
@@ -55,6 +56,8 @@ class UpstreamConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle_since = 0.0
+        self.sent_at = 0.0
+        self.lost_at = 0.0
         self._reset()
 
     def _reset(self) -> None:
@@ -93,6 +96,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.lost_at = self._loop.time()
         if self._head_done and self._close_delimited and not self.keep_alive:
             self.complete = True  # a body that ends with the connection
         if not self.complete and self.error is None:
@@ -162,7 +166,10 @@ class UpstreamConnection(asyncio.Protocol):
         self._wake()
 
     def send_request(self, data: bytes, *, no_body: bool = False) -> None:
+        if self._paused and self.transport is not None:
+            self.transport.resume_reading()
         self._reset()
+        self.sent_at = self._loop.time()
         self._no_body = no_body  # a HEAD answer: the parser cannot know it has no body
         assert self.transport is not None
         self.transport.write(data)
@@ -188,6 +195,14 @@ class UpstreamConnection(asyncio.Protocol):
             if self.error is not None:
                 raise self.error
             await self._wait(timeout=timeout)
+
+    def lost_right_after_send(self) -> bool:
+        """Closed within moments of the request being written: the replica was closing
+        this idle connection already (a crash mid-answer comes later)."""
+        return self.closed and self.lost_at - self.sent_at < STALE_RACE_S
+
+    def unread(self) -> bool:
+        return bool(self._chunks)
 
     def take_whole_body(self) -> bytes | None:
         if not self.complete:
@@ -225,6 +240,11 @@ class UpstreamBody(httpx.AsyncByteStream):
         while (chunk := await self._connection.read_chunk(timeout=self._read_timeout)) is not None:
             yield chunk
 
+    @property
+    def arrived(self) -> bool:
+        """The whole body is here (read or not)."""
+        return self._connection.complete
+
     def take_whole_body(self) -> bytes | None:
         """The entire body if it has already arrived (it is then consumed), else None."""
         return self._connection.take_whole_body()
@@ -234,7 +254,8 @@ class UpstreamBody(httpx.AsyncByteStream):
             return
         self._done = True
         connection = self._connection
-        if connection.complete and connection.keep_alive and not connection.closed:
+        reusable = connection.complete and connection.keep_alive and not connection.closed
+        if reusable and not connection.unread():
             self._release(connection)
         else:
             connection.close()  # unread answer: the replica sees the client leave
@@ -281,8 +302,8 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
             try:
                 await _exchange(connection, data, no_body=no_body, read_timeout=read_timeout)
             except httpx.RemoteProtocolError:
-                if connection.received_any:
-                    raise
+                if connection.received_any or not connection.lost_right_after_send():
+                    raise  # the replica may have started on it: never send it twice
                 connection = None  # the replica closed an idle connection as we reused it
         if connection is None:
             connection = await self._connect(origin, timeout=connect_timeout)
@@ -354,10 +375,12 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         one of llama-server's HTTP threads until its own 5 s timeout)."""
         self._reaper = None
         deadline = time.monotonic() - self.keepalive_expiry
-        for idle in self._idle.values():
+        for origin, idle in list(self._idle.items()):
             while idle and idle[0].idle_since <= deadline:
                 idle.popleft().close()
-        if any(self._idle.values()):
+            if not idle:
+                del self._idle[origin]
+        if self._idle:
             self._reaper = asyncio.get_running_loop().call_later(
                 self.keepalive_expiry / 2, self._reap
             )

@@ -6,9 +6,9 @@ says why the deployment is not serving."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
+from typing import Any
 
 import httpx
 from temporalio.client import Client
@@ -53,7 +53,7 @@ class Waker:
         self.metrics = metrics
         self.registry = registry
         self.http = http
-        self._starting: dict[str, asyncio.Task[None]] = {}
+        self._starting: dict[str, asyncio.Task[str | None]] = {}
         self._probing: dict[str, asyncio.Task[None]] = {}
 
     async def _probe_starting(self, model: Model) -> None:
@@ -72,8 +72,9 @@ class Waker:
                     self.registry.confirm_early(model, endpoint.pod)
             await asyncio.sleep(EARLY_PROBE_S)
 
-    async def _start_wake(self, model: Model) -> None:
-        await self.client.start_workflow(
+    async def _start_wake(self, model: Model) -> str | None:
+        """Start or join the wake; the run to tell when a replica is ready."""
+        handle = await self.client.start_workflow(
             WakeWorkflow.run,
             WakeInput(
                 ref=ObjectRef(namespace=model.namespace, name=model.name, uid=model.uid),
@@ -91,6 +92,7 @@ class Waker:
             ),
         )
         self.metrics.cold_starts.labels(model.key).inc()
+        return handle.run_id
 
     def _ensure_wake(self, model: Model) -> None:
         task = self._starting.get(model.key)
@@ -120,7 +122,8 @@ class Waker:
             probing = self._probing.get(model.key)
             if probing is None or probing.done():
                 self._probing[model.key] = asyncio.create_task(self._probe_starting(model))
-            await asyncio.wait_for(model.ready.wait(), timeout=model.cold_start_s)
+            async with asyncio.timeout(model.cold_start_s):  # wait_for could eat a cancel
+                await model.ready.wait()
         except TimeoutError:
             why = model.reason or "no replica became ready"
             raise GatewayError(
@@ -154,12 +157,14 @@ class Waker:
             task = asyncio.create_task(self._signal_ready(model, start))
             task.add_done_callback(_log_failure)
 
-    async def _signal_ready(self, model: Model, start: asyncio.Task[None]) -> None:
-        with contextlib.suppress(Exception):
-            await start  # its failure is logged by its own callback
+    async def _signal_ready(self, model: Model, start: asyncio.Task[str | None]) -> None:
+        try:
+            run_id = await start
+        except Exception:
+            return  # its failure is logged by its own callback
         handle = self.client.get_workflow_handle(
-            wake_workflow_id(namespace=model.namespace, name=model.name)
-        )
+            wake_workflow_id(namespace=model.namespace, name=model.name), run_id=run_id
+        )  # that run only: a later wake for the same model must not end early
         try:
             await handle.signal(WakeWorkflow.replica_ready)
         except RPCError as exc:
@@ -167,6 +172,6 @@ class Waker:
                 raise
 
 
-def _log_failure(task: asyncio.Task[None]) -> None:
+def _log_failure(task: asyncio.Task[Any]) -> None:
     if not task.cancelled() and task.exception() is not None:
-        log.error("telling the wake workflow failed: %s", task.exception())
+        log.error("starting or telling the wake workflow failed: %s", task.exception())

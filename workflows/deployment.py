@@ -92,6 +92,13 @@ class DeploymentMemory:
     last_demand: str | None = None  # ISO time of the last request any gateway reported
     seen_replicas: int = 0  # a scale-up (by anyone) restarts the idle clock
     woke_at_generation: int | None = None  # a wake scale-up not yet seen back in the spec
+    status_to_add: dict[str, Any] = field(default_factory=dict)  # rides with the next write
+
+
+# A workflow.patched() marker: histories written before Events went to the
+# background, lastWake rode with the next status write and the rollout started
+# before the status write replay the old command order.
+WAKE_CRITICAL_PATH = "wake-critical-path-1"
 
 
 @dataclass(frozen=True)
@@ -120,7 +127,6 @@ class DeploymentWorkflow:
         self._wake = False
         self._doing = "starting"
         self._events_sent: list[asyncio.Task[Any]] = []  # Events, off the critical path
-        self._status_to_add: dict[str, Any] = {}  # rides along with the next status write
 
     # signals and queries ------------------------------------------------------
 
@@ -332,6 +338,11 @@ class DeploymentWorkflow:
         result: RolloutResult | None = None
         if not settled:
             self._doing = f"rolling out {fingerprint} to {desired} replica(s)"
+            rollout_first = workflow.patched(WAKE_CRITICAL_PATH)
+            if not rollout_first:
+                await self._write_replicas(
+                    snap, desired=desired, pods=pods, fingerprint=fingerprint
+                )
             self._memory.rollouts += 1
             handle = await workflow.start_child_workflow(
                 RolloutWorkflow.run,
@@ -341,13 +352,16 @@ class DeploymentWorkflow:
                     desired=desired,
                     next_ordinal=self._memory.next_ordinal,
                     deadline_s=parse_duration(spec.scaling.cold_start_timeout).total_seconds(),
-                    observed=pods,
+                    observed=pods if rollout_first else None,
                 ),
                 id=f"rollout/{snap.ref.namespace}/{snap.ref.name}/{self._memory.rollouts}",
                 task_queue=workflow.info().task_queue,
                 search_attributes=workflow.info().typed_search_attributes,
             )
-            await self._write_replicas(snap, desired=desired, pods=pods, fingerprint=fingerprint)
+            if rollout_first:
+                await self._write_replicas(
+                    snap, desired=desired, pods=pods, fingerprint=fingerprint
+                )
             await workflow.wait_condition(
                 lambda: handle.done() or self._spec_moved(snap, desired), timeout=None
             )
@@ -433,7 +447,7 @@ class DeploymentWorkflow:
         await call_kube(
             ServingPodActivities.set_replicas, ScaleRequest(ref=snap.ref, replicas=replicas)
         )
-        self._record(snap, "Normal", "Scaled", f"spec.replicas set to {replicas}: {why}")
+        await self._record(snap, "Normal", "Scaled", f"spec.replicas set to {replicas}: {why}")
 
     async def _scale_for_wake(
         self, snap: ArtifactSnapshot, spec: ModelDeploymentSpec
@@ -449,7 +463,10 @@ class DeploymentWorkflow:
         self._memory.woke_at_generation = snap.generation
         await self._set_replicas(snap, wanted, "a request arrived while at zero")
         self._memory.seen_replicas = wanted
-        self._status_to_add["lastWake"] = rfc3339(workflow.now())  # written with the rollout's
+        if workflow.patched(WAKE_CRITICAL_PATH):
+            self._memory.status_to_add["lastWake"] = rfc3339(workflow.now())  # with the next
+        else:
+            await self._write(snap, extra={"lastWake": rfc3339(workflow.now())}, conditions=[])
         return spec.model_copy(update={"replicas": wanted})
 
     async def _scale_down_when_idle(
@@ -514,8 +531,8 @@ class DeploymentWorkflow:
         status = dict(self._memory.status)
         before: Conditions = list(status.get("conditions", []))
         current = set_conditions(before, conditions, now=workflow.now(), generation=snap.generation)
-        status.update(self._status_to_add)
-        self._status_to_add = {}
+        status.update(self._memory.status_to_add)
+        self._memory.status_to_add = {}
         status.update(extra)
         status.update(
             {
@@ -531,37 +548,35 @@ class DeploymentWorkflow:
             KubeActivities.patch_status,
             StatusPatch(kind_plural=DEPLOYMENTS, ref=snap.ref, status=status),
         )
-        self._events(snap, before=before, after=current)
+        await self._events(snap, before=before, after=current)
 
-    def _events(self, snap: ArtifactSnapshot, *, before: Conditions, after: Conditions) -> None:
+    async def _events(
+        self, snap: ArtifactSnapshot, *, before: Conditions, after: Conditions
+    ) -> None:
         for kind in EVENT_CONDITIONS:
             old, new = condition_status(before, kind), condition_status(after, kind)
             if new is None or old == new:
                 continue
             entry = next(c for c in after if c["type"] == kind)
             bad = (new == "True") == (kind in WARNING_WHEN_TRUE)
-            self._record(
+            await self._record(
                 snap,
                 "Warning" if bad and not (old is None and new == "False") else "Normal",
                 entry["reason"],
                 f"{kind}={new}: {entry['message']}",
             )
 
-    def _record(self, snap: ArtifactSnapshot, kind: str, reason: str, message: str) -> None:
-        """Start recording an Event; the loop waits for all of them before it sleeps,
-        so a wake's scale-up does not wait for its own Event."""
-        self._events_sent.append(
-            start_kube(
-                KubeActivities.record_event,
-                EventRequest(
-                    kind="ModelDeployment",
-                    ref=snap.ref,
-                    type=kind,
-                    reason=reason,
-                    message=message[:1024],
-                ),
-            )
+    async def _record(self, snap: ArtifactSnapshot, kind: str, reason: str, message: str) -> None:
+        """Record an Event. Started in the background (the loop waits for all of them
+        before it sleeps), so a wake's scale-up does not wait for its own Event;
+        histories from before that change record them inline."""
+        event = EventRequest(
+            kind="ModelDeployment", ref=snap.ref, type=kind, reason=reason, message=message[:1024]
         )
+        if workflow.patched(WAKE_CRITICAL_PATH):
+            self._events_sent.append(start_kube(KubeActivities.record_event, event))
+        else:
+            await call_kube(KubeActivities.record_event, event)
 
     async def _events_recorded(self) -> None:
         sent, self._events_sent = self._events_sent, []

@@ -157,23 +157,25 @@ class RecordingTemporal:
 
     def __init__(self) -> None:
         self.started: list[str] = []
-        self.signalled: list[tuple[str, str]] = []
+        self.signalled: list[tuple[str, str | None, str]] = []
 
-    async def start_workflow(self, *_args: Any, id: str, **_kwargs: Any) -> None:
+    async def start_workflow(self, *_args: Any, id: str, **_kwargs: Any) -> RecordingHandle:
         self.started.append(id)
+        return RecordingHandle(temporal=self, workflow_id=id, run_id=f"run-{len(self.started)}")
 
-    def get_workflow_handle(self, workflow_id: str) -> RecordingHandle:
-        return RecordingHandle(temporal=self, workflow_id=workflow_id)
+    def get_workflow_handle(self, workflow_id: str, *, run_id: str | None) -> RecordingHandle:
+        return RecordingHandle(temporal=self, workflow_id=workflow_id, run_id=run_id)
 
 
 @dataclass
 class RecordingHandle:
     temporal: RecordingTemporal
     workflow_id: str
+    run_id: str | None
 
     async def signal(self, signal: Any, *_args: Any) -> None:
         name = getattr(signal, "__temporal_signal_definition").name
-        self.temporal.signalled.append((self.workflow_id, name))
+        self.temporal.signalled.append((self.workflow_id, self.run_id, name))
 
 
 def waker_and_model(**scaling: Any) -> tuple[Waker, RecordingTemporal, ModelRegistry]:
@@ -203,7 +205,8 @@ async def test_held_requests_start_one_wake_and_go_to_the_first_replica() -> Non
     await asyncio.wait_for(asyncio.gather(*held), timeout=5)
     assert temporal.started == ["wake/ns/chat"] and model.held == 0
     await asyncio.sleep(0.05)
-    assert temporal.signalled == [("wake/ns/chat", "replica ready")]  # once, not 5 times
+    # once, not 5 times, and to the run this gateway started or joined
+    assert temporal.signalled == [("wake/ns/chat", "run-1", "replica ready")]
 
 
 async def test_queue_overflow_deletion_and_timeout_are_clear_errors() -> None:

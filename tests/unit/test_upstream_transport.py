@@ -367,6 +367,20 @@ async def test_a_body_that_ends_with_the_connection_is_complete(
         assert transport.idle_connections(replica.origin) == 0
 
 
+async def test_a_large_answer_left_unread_is_not_pooled(transport: UpstreamTransport) -> None:
+    payload = b"x" * (1024 * 1024 + 10)  # its last read both pauses reading and ends it
+
+    async with Replica(keep_alive(lambda _: response(payload))) as replica:
+        body = await send(transport, replica)
+        while not body.arrived:
+            await asyncio.sleep(0.01)
+        await body.aclose()  # the client left before anything was relayed
+        assert transport.idle_connections(replica.origin) == 0
+        again = await send(transport, replica)
+        assert await read_all(again) == payload  # on a fresh, readable connection
+        assert replica.connections == 2
+
+
 async def test_a_large_answer_read_slowly_arrives_whole(transport: UpstreamTransport) -> None:
     payload = bytes(range(256)) * (4 * 4096)  # 4 MiB: reading pauses and resumes
 
