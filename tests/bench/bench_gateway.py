@@ -334,6 +334,8 @@ def test_gateway_added_latency_and_throughput(
         "--grace-period=0",
         "--force",
     )
+    # leave a quiet cluster to the next benchmark: no replica idling, no pods polled
+    kubectl(control.stack, "delete", "md", "bench", "fast", "-n", namespace, "--wait=true")
 
 
 def runtime_started_at(control: KamaControl, namespace: str, pod: dict[str, Any]) -> float:
