@@ -32,7 +32,7 @@ from gateway.demand import report_demand
 from gateway.errors import GatewayError
 from gateway.inference import InferenceRoutes
 from gateway.metrics import GatewayMetrics
-from gateway.proxy import Proxy
+from gateway.proxy import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, Proxy
 from gateway.registry import ModelRegistry
 from gateway.upstream import UpstreamTransport
 from gateway.wake import Waker
@@ -45,7 +45,9 @@ log = logging.getLogger("kama.gateway")
 
 ADMIN_PATHS = ("/slots", "/props", "/models/load", "/models/unload", "/lora-adapters", "/metrics/")
 UPSTREAM_KEEPALIVE_EXPIRY_S = 2.0  # below llama-server's 5 s, so a pooled connection is never stale
-UPSTREAM_TIMEOUT = httpx.Timeout(connect=2.0, read=600.0, write=30.0, pool=30.0)
+UPSTREAM_TIMEOUT = httpx.Timeout(
+    connect=CONNECT_TIMEOUT_S, read=READ_TIMEOUT_S, write=30.0, pool=30.0
+)
 
 
 @dataclass
