@@ -30,7 +30,7 @@ from temporalio.client import Client
 from gateway.backend_load import poll_backend_load
 from gateway.demand import report_demand
 from gateway.errors import GatewayError
-from gateway.inference import InferenceRoutes
+from gateway.inference import GatewayHandler
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, Proxy
 from gateway.registry import ModelRegistry
@@ -131,10 +131,11 @@ def _marking_synced(
     return call
 
 
-def create_app(*, settings: Settings, api_factory: Callable[[], k8s.ApiClient]) -> InferenceRoutes:
+def create_app(*, settings: Settings, api_factory: Callable[[], k8s.ApiClient]) -> GatewayHandler:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        registry, metrics, synced = ModelRegistry(), GatewayMetrics(), set[str]()
+        metrics, synced = GatewayMetrics(), set[str]()
+        registry = ModelRegistry(on_pod_gone=metrics.forget_pod)
         stop = threading.Event()
         transport = UpstreamTransport(keepalive_expiry=UPSTREAM_KEEPALIVE_EXPIRY_S)
         async with httpx.AsyncClient(transport=transport, timeout=UPSTREAM_TIMEOUT) as http:
@@ -215,4 +216,4 @@ def create_app(*, settings: Settings, api_factory: Callable[[], k8s.ApiClient]) 
             ],
         }
 
-    return InferenceRoutes(app=app, proxy=lambda: _gateway_state(app).proxy)
+    return GatewayHandler(app=app, proxy=lambda: _gateway_state(app).proxy)

@@ -3,7 +3,19 @@ OpenAI clients show the gateway's message instead of a parse failure."""
 
 from __future__ import annotations
 
+import json
+
 from fastapi.responses import JSONResponse
+
+JSON_CONTENT_TYPE = (b"content-type", b"application/json")
+# what the gateway's server refuses before a request reaches a route
+SERVER_REFUSAL_CODES = {
+    400: "invalid_request",
+    408: "request_timeout",
+    413: "body_too_large",
+    431: "head_too_large",
+    500: "internal_error",
+}
 
 
 class GatewayError(Exception):
@@ -23,9 +35,24 @@ class GatewayError(Exception):
         self.code = code
         self.retry_after_s = retry_after_s
 
-    def response(self) -> JSONResponse:
-        headers = {} if self.retry_after_s is None else {"Retry-After": str(self.retry_after_s)}
-        body = {
+    def shape(self) -> dict[str, object]:
+        return {
             "error": {"message": self.message, "type": self.type, "param": None, "code": self.code}
         }
-        return JSONResponse(body, status_code=self.status, headers=headers)
+
+    def encoded(self) -> tuple[list[tuple[bytes, bytes]], bytes]:
+        """Headers and body for the gateway's own server."""
+        headers = [JSON_CONTENT_TYPE]
+        if self.retry_after_s is not None:
+            headers.append((b"retry-after", str(self.retry_after_s).encode()))
+        return headers, json.dumps(self.shape()).encode()
+
+    def response(self) -> JSONResponse:
+        headers = {} if self.retry_after_s is None else {"Retry-After": str(self.retry_after_s)}
+        return JSONResponse(self.shape(), status_code=self.status, headers=headers)
+
+
+def server_refusal(status: int, message: str) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """The server's own refusals (malformed, too large, too slow) in the same shape."""
+    kind = "api_error" if status >= 500 else "invalid_request_error"
+    return GatewayError(status, message, type=kind, code=SERVER_REFUSAL_CODES.get(status)).encoded()

@@ -1,8 +1,8 @@
-"""The inference routes, served as bare ASGI in front of FastAPI.
+"""The inference routes, served straight from the gateway's server.
 
 Every proxied request pays for whatever sits on this path, and FastAPI's routing,
-dependency solving and middleware stack cost more per request than the rest of
-the gateway put together. So the routes that carry inference (`/v1/chat/completions`,
+dependency solving and middleware stack (or any ASGI round trip) cost more per
+request than the proxying itself. So the routes that carry inference (`/v1/chat/completions`,
 `/v1/completions`, `/v1/embeddings`, and llama-server's native `/completion`,
 `/tokenize`, `/detokenize`, `/infill`, plain or under `/models/<ns>/<name>/`) are
 matched here and handed to the proxy; everything else (model list, health,
@@ -16,13 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp
 
+from gateway.asgi_bridge import call_asgi
 from gateway.errors import GatewayError
 from gateway.proxy import Proxy, Relay
 from gateway.registry import Model, ModelRegistry
+from gateway.server import Request, Responder
 
-MAX_BODY_BYTES = 8 * 1024 * 1024
 OPENAI_ROUTES = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completions",
@@ -55,31 +56,6 @@ def match_inference(path: str) -> InferenceRoute | None:
     return None
 
 
-class ClientGone(Exception):
-    """The client disconnected while its request body was being read."""
-
-
-async def read_body(*, receive: Receive, headers: dict[bytes, bytes], limit: int) -> bytes:
-    declared = headers.get(b"content-length", b"")
-    if declared.isdigit() and int(declared) > limit:
-        raise GatewayError(413, f"request body is larger than {limit} bytes", code="body_too_large")
-    chunks: list[bytes] = []
-    size, more = 0, True
-    while more:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise GatewayError(
-                413, f"request body is larger than {limit} bytes", code="body_too_large"
-            )
-        chunks.append(chunk)
-        more = message.get("more_body", False)
-    return b"".join(chunks)
-
-
 def parse_object(body: bytes) -> dict[str, Any]:
     try:
         value = json.loads(body)
@@ -101,95 +77,62 @@ def resolve(registry: ModelRegistry, name: object) -> Model:
     return model
 
 
-class ClientWatch:
-    """Cancels the request's task if its client disconnects (uvicorn's `send` drops
-    writes to a gone client silently), so waiting for a replica at zero, waiting for
-    a non-streamed answer, and relaying a stream all stop with the client, and the
-    upstream connection is closed under llama-server."""
-
-    def __init__(self, *, receive: Receive) -> None:
-        self._receive = receive
-        self.client_gone = False
-        self._done = False
-        self._task: asyncio.Task[Any] | None = None
-        self._watcher: asyncio.Task[None] | None = None
-
-    def __enter__(self) -> ClientWatch:
-        self._task = asyncio.current_task()
-        self._watcher = asyncio.create_task(self._watch())
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self._done = True
-        if self._watcher is not None:
-            self._watcher.cancel()
-
-    async def _watch(self) -> None:
-        while (await self._receive())["type"] != "http.disconnect":
-            pass
-        if not self._done and self._task is not None:
-            self.client_gone = True
-            self._task.cancel()
-
-
 async def serve_inference(
-    *, proxy: Proxy, route: InferenceRoute, scope: Scope, receive: Receive, send: Send
+    *, proxy: Proxy, route: InferenceRoute, request: Request, responder: Responder
 ) -> None:
-    raw_headers: list[tuple[bytes, bytes]] = scope["headers"]
-    headers = dict(raw_headers)
+    """Proxy one inference request. If the client disconnects, the server cancels
+    this: waiting for a replica at zero, waiting for an answer and relaying a stream
+    all stop, and the upstream connection is closed under llama-server."""
     model: Model | None = None
     relay: Relay | None = None
-    watch = ClientWatch(receive=receive)
     try:
-        body = await read_body(receive=receive, headers=headers, limit=MAX_BODY_BYTES)
-        fields = parse_object(body)
+        fields = parse_object(request.body)
         if route.model_from_path is not None:
             name: object = route.model_from_path
         elif route.model_from_header:
-            name = headers.get(MODEL_HEADER, b"").decode("latin-1")
+            name = next((v for k, v in request.headers if k == MODEL_HEADER), b"").decode("latin-1")
         else:
             name = fields.get("model")
         model = resolve(proxy.registry, name)
-        with watch:
-            relay = await proxy.forward(
-                model=model,
-                method=scope["method"],
-                path=route.upstream_path,
-                body=body,
-                headers=raw_headers,
-                route=route.route,
-            )
-            await relay.send_to(send)
-    except ClientGone:
-        return
+        relay = await proxy.forward(
+            model=model,
+            method=request.method,
+            path=route.upstream_path,
+            body=request.body,
+            headers=request.headers,
+            route=route.route,
+        )
+        await relay.send_to(responder)
     except GatewayError as exc:
         if model is not None:
-            proxy.metrics.requests.labels(model.key, route.route, str(exc.status)).inc()
-        await exc.response()(scope, receive, send)
-    except asyncio.CancelledError:
-        if not watch.client_gone:
+            proxy.metrics.count_request(model=model.key, route=route.route, code=str(exc.status))
+        headers, body = exc.encoded()
+        responder.send_whole(exc.status, headers, body)
+    except (asyncio.CancelledError, ConnectionError):
+        if not responder.client_gone:
             raise
         task = asyncio.current_task()
         if task is not None:
             task.uncancel()  # the client left: what it was waiting for is already undone
         if model is not None and relay is None:  # a relay counts its own answer
-            proxy.metrics.requests.labels(model.key, route.route, CLIENT_CLOSED).inc()
+            proxy.metrics.count_request(model=model.key, route=route.route, code=CLIENT_CLOSED)
 
 
-class InferenceRoutes:
-    """ASGI: inference POSTs go to the proxy, everything else to `app`. The proxy
-    is looked up per request because the lifespan creates it."""
+@dataclass
+class GatewayHandler:
+    """What the server calls per request: inference POSTs go to the proxy, the rest
+    to the FastAPI app. The proxy is looked up per request because the app's
+    lifespan creates it."""
 
-    def __init__(self, *, app: ASGIApp, proxy: Callable[[], Proxy]) -> None:
-        self.app = app
-        self.proxy = proxy
+    app: ASGIApp
+    proxy: Callable[[], Proxy]
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            route = match_inference(scope["path"])
+    async def __call__(self, request: Request, responder: Responder) -> None:
+        if request.method == "POST":
+            route = match_inference(request.path)
             if route is not None:
                 await serve_inference(
-                    proxy=self.proxy(), route=route, scope=scope, receive=receive, send=send
+                    proxy=self.proxy(), route=route, request=request, responder=responder
                 )
                 return
-        await self.app(scope, receive, send)
+        await call_asgi(self.app, request, responder)

@@ -2,7 +2,7 @@
 
 The replica is chosen by slot pressure; a connection that fails before anything was
 sent is retried on another replica (the failing one stops being routed), any later
-failure is the client's 502. The answer is relayed straight onto the ASGI
+failure is the client's 502. The answer is relayed straight onto the client's
 connection as chunks arrive (SSE included, no buffering, the replica's
 content-length kept when it sent one); if the client goes away the caller cancels
 the relay and the unfinished upstream answer is closed, which is how llama-server
@@ -14,19 +14,19 @@ import time
 from dataclasses import dataclass
 
 import httpx
-from starlette.types import Send
 
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics, RequestSeries
 from gateway.registry import Endpoint, Model, ModelRegistry
 from gateway.routing import choose_endpoint
+from gateway.server import Responder
 from gateway.upstream import UpstreamBody, UpstreamTransport
 from gateway.wake import Waker
 from kama.serving_plan import LLAMA_PORT
 
 FORWARDED_REQUEST_HEADERS = frozenset({b"content-type", b"accept", b"x-request-id"})
 DROPPED_RESPONSE_HEADERS = frozenset(
-    {b"transfer-encoding", b"connection", b"keep-alive", b"server", b"date"}
+    {b"transfer-encoding", b"content-length", b"connection", b"keep-alive", b"server", b"date"}
 )
 CONNECT_TIMEOUT_S = 2.0
 READ_TIMEOUT_S = 600.0  # between two pieces of an answer, not for the whole answer
@@ -114,20 +114,17 @@ class Proxy:
         endpoint.served += 1
         model.in_flight += 1
         model.requests_since_report += 1
-        series.in_flight.inc()
-        series.pod_in_flight.inc()
-        series.pod_requests.inc()
+        series.begin()
 
     def end_request(self, model: Model, endpoint: Endpoint, series: RequestSeries) -> None:
         endpoint.in_flight -= 1
         model.in_flight -= 1
-        series.in_flight.dec()
-        series.pod_in_flight.dec()
+        series.end()
 
 
 @dataclass
 class Relay:
-    """One replica's answer, relayed to one ASGI client."""
+    """One replica's answer, relayed to one client."""
 
     proxy: Proxy
     upstream: UpstreamBody
@@ -137,46 +134,48 @@ class Relay:
     route: str
     started: float
 
-    def response_headers(self) -> Headers:
-        headers = [
-            (name.lower(), value)
-            for name, value in self.upstream.headers
-            if name.lower() not in DROPPED_RESPONSE_HEADERS
-        ]
+    def response_headers(self) -> tuple[Headers, int | None]:
+        """The replica's headers to pass on, and its content-length if it sent one
+        (the server writes the framing itself)."""
+        headers: Headers = []
+        length: int | None = None
+        for name, value in self.upstream.headers:
+            lower = name.lower()
+            if lower == b"content-length" and value.isdigit():
+                length = int(value)
+            elif lower not in DROPPED_RESPONSE_HEADERS:
+                headers.append((lower, value))
         headers.append((b"x-kama-pod", self.endpoint.pod.encode()))
         headers.append((b"x-kama-model", self.model.key.encode()))
-        return headers
+        return headers, length
 
-    async def send_to(self, send: Send) -> None:
-        """Relay the answer onto the client's connection. The caller cancels this if
+    async def send_to(self, responder: Responder) -> None:
+        """Relay the answer onto the client's connection. The server cancels this if
         the client goes away; closing the unfinished upstream answer is then what
         tells llama-server to stop."""
-        start = {
-            "type": "http.response.start",
-            "status": self.upstream.status,
-            "headers": self.response_headers(),
-        }
+        status = self.upstream.status
+        headers, length = self.response_headers()
         try:
-            await send(start)
             whole = self.upstream.take_whole_body()
-            if whole is not None:  # a short answer that is all here: one message
+            if whole is not None:  # a short answer that is all here: one write
                 self.series.ttft.observe(time.monotonic() - self.started)
-                await send({"type": "http.response.body", "body": whole, "more_body": False})
+                responder.send_whole(status, headers, whole)
                 return
+            responder.start(status, headers, content_length=length)
             first = True
             async for chunk in self.upstream:
                 if first:
                     self.series.ttft.observe(time.monotonic() - self.started)
                     first = False
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await responder.write(chunk)
+            responder.end()
         except httpx.HTTPError as exc:
             self.proxy.metrics.upstream_errors.labels(self.model.key, type(exc).__name__).inc()
-            raise  # abort the client's connection: a truncated answer must not look whole
+            raise  # the server aborts the client's connection: a truncated answer must not look whole
         finally:
             await self.upstream.aclose()
             self.proxy.end_request(self.model, self.endpoint, self.series)
             self.series.duration.observe(time.monotonic() - self.started)
-            self.proxy.metrics.requests.labels(
-                self.model.key, self.route, str(self.upstream.status)
-            ).inc()
+            self.proxy.metrics.count_request(
+                model=self.model.key, route=self.route, code=str(status)
+            )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -109,7 +110,8 @@ def _reason(status: dict[str, Any]) -> str:
 
 
 class ModelRegistry:
-    def __init__(self) -> None:
+    def __init__(self, *, on_pod_gone: Callable[[str, str], None] | None = None) -> None:
+        self._on_pod_gone = on_pod_gone  # (model key, pod name): its metrics can go
         self.models: dict[str, Model] = {}
         self._pods: dict[str, tuple[str, dict[str, Any]]] = {}  # ns/pod -> (model key, pod)
         self.synced: set[str] = set()
@@ -156,6 +158,8 @@ class ModelRegistry:
         owner = f"{meta['namespace']}/{deployment}"
         if event == "DELETED":
             self._pods.pop(pod_key, None)
+            if self._on_pod_gone is not None:
+                self._on_pod_gone(owner, meta["name"])
             model = self.models.get(owner)
             if model is not None:
                 model.endpoints.pop(meta["name"], None)

@@ -11,6 +11,6 @@ from gateway.registry import Endpoint
 
 def choose_endpoint(endpoints: Iterable[Endpoint], *, exclude: frozenset[str]) -> Endpoint | None:
     candidates = [e for e in endpoints if e.pod not in exclude]
-    if not candidates:
-        return None
+    if len(candidates) < 2:  # the common case at low scale: nothing to compare
+        return candidates[0] if candidates else None
     return min(candidates, key=lambda e: (e.pressure(), e.latency_s, e.served, e.pod))

@@ -58,10 +58,10 @@ class UpstreamConnection(asyncio.Protocol):
         self.idle_since = 0.0
         self.sent_at = 0.0
         self.lost_at = 0.0
+        self.parser = httptools.HttpResponseParser(self)
         self._reset()
 
     def _reset(self) -> None:
-        self.parser = httptools.HttpResponseParser(self)
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.keep_alive = False
@@ -168,6 +168,8 @@ class UpstreamConnection(asyncio.Protocol):
     def send_request(self, data: bytes, *, no_body: bool = False) -> None:
         if self._paused and self.transport is not None:
             self.transport.resume_reading()
+        if no_body or self._no_body:  # a HEAD answer's head leaves the parser awaiting a body
+            self.parser = httptools.HttpResponseParser(self)
         self._reset()
         self.sent_at = self._loop.time()
         self._no_body = no_body  # a HEAD answer: the parser cannot know it has no body

@@ -104,21 +104,13 @@ def _importer(args: argparse.Namespace) -> int:
 
 
 def _gateway(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from activities.workers import kube_api
     from gateway.app import create_app
+    from gateway.run import run_gateway
 
-    app = create_app(settings=_settings(), api_factory=kube_api)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # no log line per proxied request
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level="warning",
-        access_log=False,
-        proxy_headers=False,  # nothing uses the client address; no header is trusted for it
-    )
+    handler = create_app(settings=_settings(), api_factory=kube_api)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # no log line per request
+    run_gateway(handler, host=args.host, port=args.port)
     return 0
 
 

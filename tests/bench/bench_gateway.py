@@ -6,8 +6,9 @@ measured in the same run, printed and written to bench-results/.
   at concurrency 1, 16 and 64 (targets at concurrency 1: ≤ 1 ms p50, ≤ 5 ms p99 added)
 - throughput at concurrency 64 against a fast upstream served from this process
   (so the gateway is what is measured): gateway / direct (target ≥ 0.95), the
-  gateway's CPU time per proxied request, and the same for a do-nothing ASGI app on
-  the gateway's server settings (the ceiling of any uvicorn-served gateway here)
+  gateway's CPU time per proxied request, and the same for the least a proxy can do
+  (`PROXY_FLOOR`: parse, forward on a pooled connection, write back), which is the
+  ceiling of any Python proxy in this setup
 - scale from zero: time to first byte through the gateway for a model at zero,
   minus llama-server's own start-to-healthy time for the same model and flags
   measured in the same run (target ≤ 1 s p50)
@@ -76,19 +77,68 @@ async def serve_fast_upstream(reader: asyncio.StreamReader, writer: asyncio.Stre
         writer.close()
 
 
-ASGI_FLOOR_APP = f"""
-import sys, uvicorn
-BODY = {FAST_BODY!r}
-HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(BODY)).encode())]
-async def app(scope, receive, send):
-    if scope["type"] != "http":
-        return
-    while (await receive()).get("more_body"):
-        pass
-    await send({{"type": "http.response.start", "status": 200, "headers": HEADERS}})
-    await send({{"type": "http.response.body", "body": BODY}})
-uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning",
-            access_log=False, proxy_headers=False, loop="uvloop", http="httptools")
+PROXY_FLOOR = """
+# The least any HTTP proxy can do per request, in Python on uvloop: parse the request
+# with httptools, forward it on a pooled keep-alive connection, parse the answer and
+# write it back. No routing, metrics, limits, errors or streaming: a ceiling, not a
+# gateway.
+import asyncio, sys, httptools, uvloop
+UPSTREAM = (sys.argv[2], 8080)
+pool = []
+class Upstream(asyncio.Protocol):
+    def __init__(self):
+        self.parser = httptools.HttpResponseParser(self)
+        self.client = None
+        self.length = b"0"
+    def connection_made(self, transport):
+        self.transport = transport
+    def data_received(self, data):
+        self.parser.feed_data(data)
+    def on_header(self, name, value):
+        if name.lower() == b"content-length":
+            self.length = value
+    def on_headers_complete(self):
+        self.client.transport.write(
+            b"HTTP/1.1 %d OK\\r\\ncontent-type: application/json\\r\\ncontent-length: %s\\r\\n\\r\\n"
+            % (self.parser.get_status_code(), self.length)
+        )
+    def on_body(self, body):
+        self.client.transport.write(body)
+    def on_message_complete(self):
+        self.client = None
+        pool.append(self)
+class Client(asyncio.Protocol):
+    def __init__(self):
+        self.parser = httptools.HttpRequestParser(self)
+        self.body = []
+    def connection_made(self, transport):
+        self.transport = transport
+    def data_received(self, data):
+        self.parser.feed_data(data)
+    def on_url(self, url):
+        self.url = url
+    def on_body(self, body):
+        self.body.append(body)
+    def on_message_complete(self):
+        body, self.body = b"".join(self.body), []
+        if pool:
+            self.forward(pool.pop(), body)
+        else:
+            asyncio.ensure_future(self.connect(body))
+    async def connect(self, body):
+        _, upstream = await asyncio.get_running_loop().create_connection(Upstream, *UPSTREAM)
+        self.forward(upstream, body)
+    def forward(self, upstream, body):
+        upstream.client = self
+        upstream.transport.write(
+            b"POST %s HTTP/1.1\\r\\nhost: upstream\\r\\ncontent-type: application/json\\r\\n"
+            b"content-length: %d\\r\\n\\r\\n%s" % (self.url, len(body), body)
+        )
+async def main():
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(Client, "127.0.0.1", int(sys.argv[1]), backlog=2048)
+    await server.serve_forever()
+uvloop.run(main())
 """
 
 
@@ -114,13 +164,6 @@ def fast_upstream_pod(namespace: str, plan: ServingPlan) -> dict[str, Any]:
             ],
         },
     }
-
-
-def answers(url: str) -> bool:
-    try:
-        return httpx.post(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def process_cpu_s(pid: int) -> float:
@@ -287,11 +330,18 @@ def test_gateway_added_latency_and_throughput(
             await asyncio.sleep(0.1)
         else:
             raise AssertionError("the gateway never routed to the fast upstream")
+        floor_url = f"http://127.0.0.1:{floor_port}/v1/completions"
+        for _ in range(300):
+            if await answered(client, url=floor_url, body={}):
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("the proxy floor never answered")
         body = {"model": f"{namespace}/fast", "prompt": "x"}
         targets = {  # name -> (url, the process whose CPU time is counted)
             "direct": (f"http://{fast_ip}:8080/v1/completions", os.getpid()),
             "gateway": (through, gw.process.popen.pid),
-            "asgi_floor": (f"http://127.0.0.1:{floor_port}/v1/completions", floor.pid),
+            "proxy_floor": (f"http://127.0.0.1:{floor_port}/v1/completions", floor.pid),
         }
         walls: dict[str, list[float]] = {name: [] for name in targets}
         cpu: dict[str, float] = dict.fromkeys(targets, 0.0)
@@ -312,21 +362,22 @@ def test_gateway_added_latency_and_throughput(
             "gateway_cpu_us_per_request": per_request["gateway"],
             # this process (client + fast upstream) per direct request
             "client_and_upstream_cpu_us_per_request": per_request["direct"],
-            # a do-nothing ASGI app on the gateway's server settings: the ceiling of
-            # any uvicorn-served gateway on this machine
-            "asgi_floor_rps": round(rps["asgi_floor"]),
-            "asgi_floor_cpu_us_per_request": per_request["asgi_floor"],
+            # the least a proxy can do, on the same upstream: the ceiling of any
+            # Python proxy here (the extra hop costs the client and upstream too)
+            "proxy_floor_rps": round(rps["proxy_floor"]),
+            "proxy_floor_ratio": round(rps["proxy_floor"] / rps["direct"], 3),
+            "proxy_floor_cpu_us_per_request": per_request["proxy_floor"],
+            "gateway_vs_proxy_floor": round(rps["gateway"] / rps["proxy_floor"], 3),
             "cores": os.cpu_count(),
         }
         await client.aclose()
         server.close()
 
     floor_port = free_port()
-    floor_app = tmp_path / "asgi_floor.py"
-    floor_app.write_text(ASGI_FLOOR_APP)
-    floor = subprocess.Popen([sys.executable, str(floor_app), str(floor_port)])
+    floor_app = tmp_path / "proxy_floor.py"
+    floor_app.write_text(PROXY_FLOOR)
+    floor = subprocess.Popen([sys.executable, str(floor_app), str(floor_port), fast_ip])
     try:
-        eventually(lambda: answers(f"http://127.0.0.1:{floor_port}/"), timeout=30, what="floor")
         asyncio.run(throughput())
     finally:
         floor.terminate()

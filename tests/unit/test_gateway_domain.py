@@ -227,3 +227,32 @@ async def test_queue_overflow_deletion_and_timeout_are_clear_errors() -> None:
     with pytest.raises(GatewayError) as deleted:
         await held
     assert deleted.value.status == 503 and "deleted" in deleted.value.message
+
+
+def test_request_metrics_are_exported_with_their_labels() -> None:
+    from prometheus_client import generate_latest
+
+    metrics = GatewayMetrics()
+    for pod, seconds in (("p1", 0.02), ("p2", 0.3)):
+        series = metrics.series(model="ns/m", route="chat", pod=pod)
+        series.begin()
+        series.ttft.observe(seconds)
+        series.duration.observe(seconds * 2)
+        series.end()
+        metrics.count_request(model="ns/m", route="chat", code="200")
+    held = metrics.series(model="ns/m", route="chat", pod="p1")
+    held.begin()
+    metrics.count_request(model="ns/m", route="chat", code="499")
+    text = generate_latest(metrics.registry).decode()
+    assert 'kama_gateway_requests_total{code="200",model="ns/m",route="chat"} 2.0' in text
+    assert 'kama_gateway_requests_total{code="499",model="ns/m",route="chat"} 1.0' in text
+    assert 'kama_gateway_in_flight{model="ns/m"} 1.0' in text
+    assert 'kama_gateway_pod_in_flight{model="ns/m",pod="p1"} 1.0' in text
+    assert 'kama_gateway_pod_requests_total{model="ns/m",pod="p1"} 2.0' in text
+    ttft = "kama_gateway_time_to_first_byte_seconds"
+    assert f'{ttft}_bucket{{le="0.025",model="ns/m",route="chat"}} 1.0' in text
+    assert f'{ttft}_bucket{{le="+Inf",model="ns/m",route="chat"}} 2.0' in text
+    assert f'{ttft}_count{{model="ns/m",route="chat"}} 2.0' in text
+    metrics.forget_pod("ns/m", "p2")
+    after = generate_latest(metrics.registry).decode()
+    assert 'pod="p2"' not in after and f'{ttft}_count{{model="ns/m",route="chat"}} 2.0' in after
