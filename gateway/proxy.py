@@ -52,7 +52,8 @@ class Proxy:
         route: str,
     ) -> Relay:
         started = time.monotonic()
-        await self.waker.hold_until_ready(model)
+        if not model.endpoints:
+            await self.waker.hold_until_ready(model)
         forwarded = [(k, v) for k, v in headers if k in FORWARDED_REQUEST_HEADERS]
         tried: set[str] = set()
         held_again = False
@@ -171,7 +172,10 @@ class Relay:
             responder.end()
         except httpx.HTTPError as exc:
             self.proxy.metrics.upstream_errors.labels(self.model.key, type(exc).__name__).inc()
-            raise  # the server aborts the client's connection: a truncated answer must not look whole
+            # the server closes the client's connection: a truncated answer must not look whole
+            raise ConnectionAbortedError(
+                f"replica {self.endpoint.pod} of {self.model.key} failed mid-answer: {exc!r}"
+            ) from exc
         finally:
             await self.upstream.aclose()
             self.proxy.end_request(self.model, self.endpoint, self.series)

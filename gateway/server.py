@@ -296,7 +296,9 @@ class ClientConnection(asyncio.Protocol):
         self._task = self._responder = None
         assert responder is not None
         failure = None if task.cancelled() else task.exception()
-        if failure is not None:
+        if isinstance(failure, ConnectionError):
+            log.warning("an answer was cut short: %s", failure)
+        elif failure is not None:
             log.error("answering a request failed", exc_info=failure)
         if self.closed:
             return

@@ -345,16 +345,21 @@ def test_gateway_added_latency_and_throughput(
         }
         walls: dict[str, list[float]] = {name: [] for name in targets}
         cpu: dict[str, float] = dict.fromkeys(targets, 0.0)
+        own_cpu: dict[str, float] = dict.fromkeys(targets, 0.0)  # this process, per target
         for _ in range(3):
             for name, (url, pid) in targets.items():
-                before = process_cpu_s(pid)
+                before, own_before = process_cpu_s(pid), process_cpu_s(os.getpid())
                 _, wall = await timed_batch(
                     client, url=url, body=body, n=FAST_REQUESTS, concurrency=64, stream=False
                 )
                 cpu[name] += process_cpu_s(pid) - before
+                own_cpu[name] += process_cpu_s(os.getpid()) - own_before
                 walls[name].append(wall)
         rps = {name: FAST_REQUESTS / statistics.median(walls[name]) for name in targets}
         per_request = {name: round(cpu[name] / (3 * FAST_REQUESTS) * 1e6) for name in targets}
+        own_per_request = {
+            name: round(own_cpu[name] / (3 * FAST_REQUESTS) * 1e6) for name in targets
+        }
         results["fast_upstream_c64"] = {
             "direct_rps": round(rps["direct"]),
             "gateway_rps": round(rps["gateway"]),
@@ -362,6 +367,9 @@ def test_gateway_added_latency_and_throughput(
             "gateway_cpu_us_per_request": per_request["gateway"],
             # this process (client + fast upstream) per direct request
             "client_and_upstream_cpu_us_per_request": per_request["direct"],
+            # the same work costs this process more when an extra hop sits between
+            "client_and_upstream_cpu_us_per_request_through_gateway": own_per_request["gateway"],
+            "client_and_upstream_cpu_us_per_request_through_floor": own_per_request["proxy_floor"],
             # the least a proxy can do, on the same upstream: the ceiling of any
             # Python proxy here (the extra hop costs the client and upstream too)
             "proxy_floor_rps": round(rps["proxy_floor"]),
