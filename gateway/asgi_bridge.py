@@ -11,7 +11,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message
 
-from gateway.server import Request, Responder
+from gateway.responder import Request, Responder
 
 ASGI_VERSION = {"version": "3.0", "spec_version": "2.3"}
 
@@ -72,7 +72,7 @@ async def call_asgi(app: ASGIApp, request: Request, responder: Responder) -> Non
 @asynccontextmanager
 async def asgi_lifespan(app: ASGIApp) -> AsyncIterator[None]:
     """The app's startup before the server listens, its shutdown after it stops; a
-    failed startup raises here."""
+    failed startup or shutdown raises here."""
     inbox: asyncio.Queue[Message] = asyncio.Queue()
     outbox: asyncio.Queue[Message] = asyncio.Queue()
 
@@ -83,26 +83,29 @@ async def asgi_lifespan(app: ASGIApp) -> AsyncIterator[None]:
         await outbox.put(message)
 
     async def run() -> None:
-        await app({"type": "lifespan", "asgi": ASGI_VERSION}, receive, send)
+        await app({"type": "lifespan", "asgi": ASGI_VERSION, "state": {}}, receive, send)
 
     task = asyncio.create_task(run())
     await inbox.put({"type": "lifespan.startup"})
-    started = await _reply(task, outbox)
-    if started["type"] != "lifespan.startup.complete":
-        raise RuntimeError(f"the gateway failed to start: {started.get('message', '')}")
+    await _expect(task, outbox, "lifespan.startup.complete")
     try:
         yield
     finally:
         await inbox.put({"type": "lifespan.shutdown"})
-        await _reply(task, outbox)
+        await _expect(task, outbox, "lifespan.shutdown.complete")
         await task
 
 
-async def _reply(task: asyncio.Task[None], outbox: asyncio.Queue[Message]) -> Message:
+async def _expect(task: asyncio.Task[None], outbox: asyncio.Queue[Message], wanted: str) -> None:
     getting = asyncio.ensure_future(outbox.get())
     await asyncio.wait({getting, task}, return_when=asyncio.FIRST_COMPLETED)
-    if getting.done():
-        return getting.result()
-    getting.cancel()
-    task.result()  # the app's lifespan raised: raise it here
-    raise RuntimeError("the app's lifespan ended without answering")
+    if not getting.done():
+        getting.cancel()
+        task.result()  # the app's lifespan raised: raise it here
+        raise RuntimeError(f"the app's lifespan ended instead of sending {wanted}")
+    reply = getting.result()
+    if reply["type"] != wanted:
+        await asyncio.wait({task}, timeout=1.0)  # it raises after reporting the failure
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved: the message below says what failed
+        raise RuntimeError(f"the app's lifespan failed: {reply.get('message', reply['type'])}")

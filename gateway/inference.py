@@ -22,7 +22,7 @@ from gateway.asgi_bridge import call_asgi
 from gateway.errors import GatewayError
 from gateway.proxy import Proxy, Relay
 from gateway.registry import Model, ModelRegistry
-from gateway.server import Request, Responder
+from gateway.responder import Request, Responder
 
 OPENAI_ROUTES = {
     "/v1/chat/completions": "chat",

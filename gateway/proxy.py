@@ -18,8 +18,8 @@ import httpx
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics, RequestSeries
 from gateway.registry import Endpoint, Model, ModelRegistry
+from gateway.responder import Responder
 from gateway.routing import choose_endpoint
-from gateway.server import Responder
 from gateway.upstream import UpstreamBody, UpstreamTransport
 from gateway.wake import Waker
 from kama.serving_plan import LLAMA_PORT
