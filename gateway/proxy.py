@@ -1,8 +1,9 @@
 """Forwarding one request to one replica and relaying its answer byte for byte.
 
 The replica is chosen by slot pressure; a connection that fails before anything was
-sent is retried on another replica (the failing one stops being routed), any later
-failure is the client's 502. The answer is relayed straight onto the client's
+sent is retried on another replica (one that refused stops being routed until its pod
+changes; one that timed out gets requests last for a few seconds), any later failure
+is the client's 502. The answer is relayed straight onto the client's
 connection as chunks arrive (SSE included, no buffering, the replica's
 content-length kept when it sent one); if the client goes away the caller cancels
 the relay and the unfinished upstream answer is closed, which is how llama-server
@@ -10,6 +11,7 @@ learns to stop generating."""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -24,11 +26,14 @@ from gateway.upstream import UpstreamBody, UpstreamTransport
 from gateway.wake import Waker
 from kama.serving_plan import LLAMA_PORT
 
+log = logging.getLogger("kama.gateway")
+
 FORWARDED_REQUEST_HEADERS = frozenset({b"content-type", b"accept", b"x-request-id"})
 DROPPED_RESPONSE_HEADERS = frozenset(
     {b"transfer-encoding", b"content-length", b"connection", b"keep-alive", b"server", b"date"}
 )
 CONNECT_TIMEOUT_S = 2.0
+UNREACHABLE_BACKOFF_S = 5.0  # a replica whose connection timed out gets requests last
 READ_TIMEOUT_S = 600.0  # between two pieces of an answer, not for the whole answer
 
 Headers = list[tuple[bytes, bytes]]
@@ -58,7 +63,9 @@ class Proxy:
         tried: set[str] = set()
         held_again = False
         while True:
-            endpoint = choose_endpoint(model.endpoints.values(), exclude=frozenset(tried))
+            endpoint = choose_endpoint(
+                model.endpoints.values(), exclude=frozenset(tried), now=time.monotonic()
+            )
             if endpoint is None:
                 if not tried and not held_again:  # the replicas left since the hold
                     await self.waker.hold_until_ready(model)
@@ -85,14 +92,24 @@ class Proxy:
                     connect_timeout=CONNECT_TIMEOUT_S,
                     read_timeout=READ_TIMEOUT_S,
                 )
-            except (httpx.ConnectError, httpx.ConnectTimeout):
+            except httpx.ConnectTimeout:
+                # slow, not gone (an overloaded node): others first for a while
+                self.end_request(model, endpoint, series)
+                self.metrics.upstream_errors.labels(model.key, "connect_timeout").inc()
+                endpoint.unreachable_until = time.monotonic() + UNREACHABLE_BACKOFF_S
+                log.warning("connecting to %s of %s timed out", endpoint.pod, model.key)
+                continue  # nothing reached the replica: safe to try another
+            except httpx.ConnectError as exc:
+                # refused: its llama-server is gone, and the pod's watch will say so
                 self.end_request(model, endpoint, series)
                 self.metrics.upstream_errors.labels(model.key, "connect").inc()
                 self.registry.drop_endpoint(model, endpoint)
+                log.warning("%s of %s refused the connection: %s", endpoint.pod, model.key, exc)
                 continue  # nothing reached the replica: safe to try another
             except httpx.HTTPError as exc:
                 self.end_request(model, endpoint, series)
                 self.metrics.upstream_errors.labels(model.key, type(exc).__name__).inc()
+                log.warning("%s of %s failed before answering: %r", endpoint.pod, model.key, exc)
                 raise GatewayError(
                     502, f"replica {endpoint.pod} failed: {type(exc).__name__}", type="api_error"
                 ) from None

@@ -33,6 +33,7 @@ class Endpoint:
     latency_s: float = 0.0  # smoothed time to response headers
     served: int = 0
     early: bool = False  # confirmed by the supervisor's /readyz before the kubelet said Ready
+    unreachable_until: float = 0.0  # a connection timed out: others first until then
 
     def pressure(self) -> float:
         return (self.in_flight + self.others) / max(self.slots, 1)

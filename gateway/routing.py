@@ -1,6 +1,7 @@
-"""Which replica takes the next request: the least slot pressure
-((this gateway's in-flight + other gateways' requests there) / slots), ties broken
-by recent latency, then by how many requests each has served. Pure."""
+"""Which replica takes the next request: one that recently timed out a connection
+only if nothing else is left, then the least slot pressure ((this gateway's
+in-flight + other gateways' requests there) / slots), ties broken by recent latency,
+then by how many requests each has served. Pure."""
 
 from __future__ import annotations
 
@@ -9,8 +10,13 @@ from collections.abc import Iterable
 from gateway.registry import Endpoint
 
 
-def choose_endpoint(endpoints: Iterable[Endpoint], *, exclude: frozenset[str]) -> Endpoint | None:
+def choose_endpoint(
+    endpoints: Iterable[Endpoint], *, exclude: frozenset[str], now: float
+) -> Endpoint | None:
     candidates = [e for e in endpoints if e.pod not in exclude]
     if len(candidates) < 2:  # the common case at low scale: nothing to compare
         return candidates[0] if candidates else None
-    return min(candidates, key=lambda e: (e.pressure(), e.latency_s, e.served, e.pod))
+    return min(
+        candidates,
+        key=lambda e: (e.unreachable_until > now, e.pressure(), e.latency_s, e.served, e.pod),
+    )

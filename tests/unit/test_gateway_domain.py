@@ -118,15 +118,18 @@ def test_reason_comes_from_the_blocking_condition() -> None:
 def test_routing_prefers_least_slot_pressure_then_latency() -> None:
     a = Endpoint(pod="a", ip="1", slots=4, in_flight=2)
     b = Endpoint(pod="b", ip="2", slots=8, in_flight=3)  # 3/8 < 2/4
-    assert choose_endpoint([a, b], exclude=frozenset()) is b
+    assert choose_endpoint([a, b], exclude=frozenset(), now=0.0) is b
     b.observe_backend(held=5, ours=3)  # another gateway has 2 there: 5/8 > 2/4
-    assert choose_endpoint([a, b], exclude=frozenset()) is a
+    assert choose_endpoint([a, b], exclude=frozenset(), now=0.0) is a
     b.observe_backend(held=3, ours=3)  # only ours: a stale poll must not count them twice
-    assert choose_endpoint([a, b], exclude=frozenset()) is b
+    assert choose_endpoint([a, b], exclude=frozenset(), now=0.0) is b
     c = Endpoint(pod="c", ip="3", slots=4, in_flight=2, latency_s=0.5)
     a.latency_s = 0.1
-    assert choose_endpoint([c, a], exclude=frozenset()) is a
-    assert choose_endpoint([a], exclude=frozenset({"a"})) is None
+    assert choose_endpoint([c, a], exclude=frozenset(), now=0.0) is a
+    assert choose_endpoint([a], exclude=frozenset({"a"}), now=0.0) is None
+    a.unreachable_until = 5.0  # its connection timed out: the others first until then
+    assert choose_endpoint([c, a], exclude=frozenset(), now=1.0) is c
+    assert choose_endpoint([c, a], exclude=frozenset(), now=6.0) is a
 
 
 def test_llama_metrics_parsing() -> None:
