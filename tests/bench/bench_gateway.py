@@ -49,6 +49,8 @@ RESULTS = REPO_ROOT / "bench-results"
 ROUNDS = 5
 COLD_STARTS = 5
 FAST_REQUESTS = 3000
+THROUGHPUT_ROUNDS = 5  # interleaved; the median round counts
+LATENCY_REQUESTS = 100  # per round and target: enough samples for a p99 at concurrency 1
 ERRORS: dict[str, list[str]] = {}  # url -> failures seen (reported, not hidden)
 
 FAST_BODY = b'{"choices":[{"text":"ok","index":0}],"object":"text_completion"}'
@@ -285,7 +287,7 @@ def test_gateway_added_latency_and_throughput(
             body["stream"] = stream
             await timed_batch(client, url=through, body=body, n=20, concurrency=4, stream=stream)
             for concurrency in (1, 16, 64):
-                n = max(32, concurrency * 2)
+                n = max(LATENCY_REQUESTS, concurrency * 2)
                 samples: dict[str, list[float]] = {"direct": [], "gateway": []}
                 for _ in range(ROUNDS):  # interleaved: direct, gateway, direct, ...
                     for name, url in (("direct", direct), ("gateway", through)):
@@ -346,7 +348,7 @@ def test_gateway_added_latency_and_throughput(
         walls: dict[str, list[float]] = {name: [] for name in targets}
         cpu: dict[str, float] = dict.fromkeys(targets, 0.0)
         own_cpu: dict[str, float] = dict.fromkeys(targets, 0.0)  # this process, per target
-        for _ in range(3):
+        for _ in range(THROUGHPUT_ROUNDS):
             for name, (url, pid) in targets.items():
                 before, own_before = process_cpu_s(pid), process_cpu_s(os.getpid())
                 _, wall = await timed_batch(
@@ -356,9 +358,12 @@ def test_gateway_added_latency_and_throughput(
                 own_cpu[name] += process_cpu_s(os.getpid()) - own_before
                 walls[name].append(wall)
         rps = {name: FAST_REQUESTS / statistics.median(walls[name]) for name in targets}
-        per_request = {name: round(cpu[name] / (3 * FAST_REQUESTS) * 1e6) for name in targets}
+        per_request = {
+            name: round(cpu[name] / (THROUGHPUT_ROUNDS * FAST_REQUESTS) * 1e6) for name in targets
+        }
         own_per_request = {
-            name: round(own_cpu[name] / (3 * FAST_REQUESTS) * 1e6) for name in targets
+            name: round(own_cpu[name] / (THROUGHPUT_ROUNDS * FAST_REQUESTS) * 1e6)
+            for name in targets
         }
         results["fast_upstream_c64"] = {
             "direct_rps": round(rps["direct"]),
