@@ -31,11 +31,7 @@ SWEEP_INTERVAL_S = 1.0
 STOP_POLL_S = 0.05
 STOP_SETTLE_S = 1.0  # after dropping the last connections, for their requests to unwind
 
-RefusalBody = Callable[[int, str], tuple[Headers, bytes]]
-
-
-def plain_refusal(status: int, message: str) -> tuple[Headers, bytes]:
-    return [(b"content-type", b"text/plain; charset=utf-8")], message.encode()
+RefusalBody = Callable[[int, str], tuple[Headers, bytes]]  # the server's own 4xx/5xx
 
 
 def http_date() -> bytes:
@@ -43,7 +39,7 @@ def http_date() -> bytes:
 
 
 class GatewayServer:
-    def __init__(self, *, handle: Handler, refusal_body: RefusalBody = plain_refusal) -> None:
+    def __init__(self, *, handle: Handler, refusal_body: RefusalBody) -> None:
         self.handle = handle
         self.refusal_body = refusal_body
         self.connections: set[ClientConnection] = set()
