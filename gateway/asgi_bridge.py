@@ -11,7 +11,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message
 
-from gateway.responder import Request, Responder
+from gateway.responder import Request, Responder, without_framing
 
 ASGI_VERSION = {"version": "3.0", "spec_version": "2.3"}
 
@@ -48,20 +48,17 @@ async def call_asgi(app: ASGIApp, request: Request, responder: Responder) -> Non
         nonlocal status, headers
         if message["type"] == "http.response.start":
             status = message["status"]
-            headers = [(k.lower(), v) for k, v in message.get("headers", [])]
+            headers = list(message.get("headers", []))
             return
         if message["type"] != "http.response.body":
             return
         body, more = message.get("body", b""), message.get("more_body", False)
         if not responder.started:
-            length = [v for k, v in headers if k == b"content-length"]
-            rest = [
-                (k, v) for k, v in headers if k not in (b"content-length", b"transfer-encoding")
-            ]
+            rest, length = without_framing(headers)
             if not more:
                 responder.send_whole(status, rest, body)
                 return
-            responder.start(status, rest, content_length=int(length[0]) if length else None)
+            responder.start(status, rest, content_length=length)
         await responder.write(body)
         if not more:
             responder.end()

@@ -51,6 +51,9 @@ PIPELINED_SLICE_BYTES = 512  # ... and fewer while one is already being answered
 DRAIN_TIMEOUT_S = 600.0  # a client that reads nothing of an answer for this long is dropped
 
 
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
 class Refused(Exception):
     """A request the server answers itself (and closes the connection after)."""
 
@@ -197,9 +200,9 @@ class ClientConnection(asyncio.Protocol):
         self._path = parsed.path or b"/"  # an absolute-form target may have none
         self._query = parsed.query or b""
         version = self.parser.get_http_version()
-        if version == "1.1" and not any(name == b"host" for name, _ in self._headers):
-            raise Refused(400, "an HTTP/1.1 request needs a Host header")
         fields = dict(self._headers)
+        if version == "1.1" and b"host" not in fields:
+            raise Refused(400, "an HTTP/1.1 request needs a Host header")
         declared = fields.get(b"content-length", b"")
         if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
             raise Refused(413, f"request body is larger than {MAX_BODY_BYTES} bytes")
@@ -207,7 +210,7 @@ class ClientConnection(asyncio.Protocol):
             if self.busy:  # an answer is being written: the interim one waits for it
                 self._continue_owed = True
             else:
-                self.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                self.write(CONTINUE)
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
@@ -254,7 +257,7 @@ class ClientConnection(asyncio.Protocol):
                 self.arriving_since = self.server.clock
             if self._continue_owed:
                 self._continue_owed = False
-                self.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                self.write(CONTINUE)
             return
         request = self._pending.popleft()
         self._responder = Responder(

@@ -20,7 +20,7 @@ import httpx
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics, RequestSeries
 from gateway.registry import Endpoint, Model, ModelRegistry
-from gateway.responder import Responder
+from gateway.responder import Responder, without_framing
 from gateway.routing import choose_endpoint
 from gateway.upstream import UpstreamBody, UpstreamTransport
 from gateway.wake import Waker
@@ -155,14 +155,7 @@ class Relay:
     def response_headers(self) -> tuple[Headers, int | None]:
         """The replica's headers to pass on, and its content-length if it sent one
         (the server writes the framing itself)."""
-        headers: Headers = []
-        length: int | None = None
-        for name, value in self.upstream.headers:
-            lower = name.lower()
-            if lower == b"content-length" and value.isdigit():
-                length = int(value)
-            elif lower not in DROPPED_RESPONSE_HEADERS:
-                headers.append((lower, value))
+        headers, length = without_framing(self.upstream.headers, dropped=DROPPED_RESPONSE_HEADERS)
         headers.append((b"x-kama-pod", self.endpoint.pod.encode()))
         headers.append((b"x-kama-model", self.model.key.encode()))
         return headers, length

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 Headers = list[tuple[bytes, bytes]]
 REASONS = {s.value: s.phrase.encode("ascii") for s in http.HTTPStatus}
 CLOSE_DELIMITED = b"connection: close"
+FRAMING_HEADERS = frozenset({b"content-length", b"transfer-encoding"})
 
 
 @dataclass
@@ -34,6 +35,22 @@ class Request:
 
 
 Handler = Callable[[Request, "Responder"], Coroutine[None, None, None]]
+
+
+def without_framing(
+    headers: Headers, *, dropped: frozenset[bytes] = FRAMING_HEADERS
+) -> tuple[Headers, int | None]:
+    """Headers to pass on (names lower-cased, `dropped` left out: the responder writes
+    the framing itself) and the content-length they declared, if any."""
+    kept: Headers = []
+    length: int | None = None
+    for name, value in headers:
+        lower = name.lower()
+        if lower == b"content-length" and value.isdigit():
+            length = int(value)
+        elif lower not in dropped:
+            kept.append((lower, value))
+    return kept, length
 
 
 def bodiless(status: int) -> bool:
