@@ -18,7 +18,7 @@ binaries:
 	bash deploy/local/build-llama.sh >/dev/null
 
 dev: setup
-	$(VENV)/kama dev
+	$(VENV)/python -m kamadev
 
 lint: deps
 	$(VENV)/ruff check .

@@ -15,20 +15,11 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from kama.api import API_VERSION, FINALIZER, GROUP, VERSION
+from kama.contracts import ARTIFACTS, CACHES, DEPLOYMENTS, ObjectRef
 
-ARTIFACTS = "modelartifacts"
-CACHES = "modelcaches"
-DEPLOYMENTS = "modeldeployments"
 CACHE_MOUNT = "/cache"
 SOURCE_MOUNT = "/source"
 TOKEN_MOUNT = "/var/run/kama/hf-token"
-
-
-@dataclass(frozen=True)
-class ObjectRef:
-    namespace: str
-    name: str
-    uid: str
 
 
 @dataclass(frozen=True)

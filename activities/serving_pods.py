@@ -14,8 +14,8 @@ from typing import Any
 from kubernetes import client as k8s
 from temporalio import activity
 
-from activities.kube import ARTIFACTS, DEPLOYMENTS, ObjectRef
 from kama.api import GROUP, VERSION
+from kama.contracts import ARTIFACTS, DEPLOYMENTS, ObjectRef
 from kama.rollout import ObservedPod
 from kama.serving_pod import (
     DRAINING_LABEL,

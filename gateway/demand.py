@@ -15,10 +15,9 @@ import socket
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.kube import ObjectRef
 from gateway.registry import ModelRegistry
-from workflows.deployment import DemandReport
-from workflows.wake import deployment_workflow_id
+from kama.contracts import DemandReport, ObjectRef, deployment_workflow_id
+from workflows.deployment import DeploymentWorkflow
 
 log = logging.getLogger("kama.gateway")
 
@@ -38,7 +37,8 @@ async def report_demand(*, registry: ModelRegistry, client: Client) -> None:
             )
             try:
                 await client.get_workflow_handle(workflow_id).signal(
-                    "demand", DemandReport(gateway=gateway, in_flight=model.in_flight)
+                    DeploymentWorkflow.demand,
+                    DemandReport(gateway=gateway, in_flight=model.in_flight),
                 )
             except RPCError as exc:
                 if exc.status != RPCStatusCode.NOT_FOUND:

@@ -13,19 +13,18 @@ from typing import Any
 import httpx
 from temporalio.client import Client
 from temporalio.common import (
-    SearchAttributeKey,
     SearchAttributePair,
     TypedSearchAttributes,
     WorkflowIDConflictPolicy,
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.kube import ObjectRef
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
 from gateway.registry import Model, ModelRegistry
+from kama.contracts import KAMA_KIND, KAMA_NAME, KAMA_NAMESPACE, ObjectRef, wake_workflow_id
 from kama.serving_plan import SUPERVISOR_PORT
-from workflows.wake import WakeInput, WakeWorkflow, wake_workflow_id
+from workflows.wake import WakeInput, WakeWorkflow
 
 log = logging.getLogger("kama.gateway")
 
@@ -33,9 +32,6 @@ RETRY_AFTER_QUEUE_FULL_S = 5
 EARLY_PROBE_S = 0.05  # while requests are held for a starting replica
 EARLY_PROBE_TIMEOUT_S = 0.25
 RETRY_AFTER_COLD_START_S = 30
-KAMA_KIND = SearchAttributeKey.for_keyword("KamaKind")
-KAMA_NAMESPACE = SearchAttributeKey.for_keyword("KamaNamespace")
-KAMA_NAME = SearchAttributeKey.for_keyword("KamaName")
 
 
 class Waker:

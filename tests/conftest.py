@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from localstack.binaries import REPO_ROOT
-from localstack.hub import HubFixture
-from localstack.processes import ManagedProcess, free_port, processes_with_marker, wait_until
-from localstack.stack import KAMA_IMAGE, LocalStack
+from kamadev.binaries import REPO_ROOT
+from kamadev.hub import HubFixture
+from kamadev.processes import ManagedProcess, free_port, processes_with_marker, wait_until
+from kamadev.stack import KAMA_IMAGE, LocalStack
 from tests.support import eventually, kubectl
 
 
@@ -109,7 +109,7 @@ def _kama_process(
     label = name or command
     return ManagedProcess(
         name=f"kama-{label}",
-        argv=[sys.executable, "-m", "kama.cli", command, *(extra_args or [])],
+        argv=[sys.executable, "-m", "kamactl", command, *(extra_args or [])],
         log_path=stack.workdir / "logs" / f"kama-{label}.log",
         stack_id=stack.stack_id,
         env={**os.environ, **env},

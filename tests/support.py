@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from localstack.stack import LocalStack
+from kamadev.stack import LocalStack
 
 T = TypeVar("T")
 

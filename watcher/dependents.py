@@ -6,15 +6,19 @@ resync; a workflow that does not exist (yet, or any more) is simply skipped."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client as k8s
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.kube import DEPLOYMENTS, ObjectRef
 from kama.api import GROUP, VERSION
+from kama.contracts import DEPLOYMENTS, ObjectRef, deployment_workflow_id
 from watcher.nudge import DEPLOYMENT
+from workflows.deployment import DeploymentWorkflow
+
+DeploymentSignal = Callable[[DeploymentWorkflow], None]
 
 log = logging.getLogger("kama.watcher")
 
@@ -24,8 +28,10 @@ class DeploymentSignals:
         self.client = client
         self.custom = custom
 
-    async def _signal(self, *, namespace: str, name: str, uid: str, signal: str) -> None:
-        workflow_id = DEPLOYMENT.workflow_id(ObjectRef(namespace=namespace, name=name, uid=uid))
+    async def _signal(
+        self, *, namespace: str, name: str, uid: str, signal: DeploymentSignal
+    ) -> None:
+        workflow_id = deployment_workflow_id(ObjectRef(namespace=namespace, name=name, uid=uid))
         try:
             await self.client.get_workflow_handle(workflow_id).signal(signal)
         except RPCError as exc:
@@ -41,7 +47,7 @@ class DeploymentSignals:
                     namespace=meta["namespace"],
                     name=owner["name"],
                     uid=owner["uid"],
-                    signal="pods changed",
+                    signal=DeploymentWorkflow.pods_changed,
                 )
 
     async def artifact_event(self, event_type: str, artifact: dict[str, Any]) -> None:
@@ -64,5 +70,5 @@ class DeploymentSignals:
                     namespace=namespace,
                     name=item["metadata"]["name"],
                     uid=item["metadata"]["uid"],
-                    signal="artifact changed",
+                    signal=DeploymentWorkflow.artifact_changed,
                 )

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -13,7 +12,6 @@ from typing import Any
 from kubernetes import client as k8s
 from temporalio.client import Client
 
-from activities.workers import kube_api
 from kama.api import GROUP, VERSION
 from kama.config import Settings
 from kama.serving_pod import ROLE_LABEL, SERVER_ROLE
@@ -72,8 +70,9 @@ def handlers(
     }
 
 
-async def run_watcher(*, settings: Settings, api: k8s.ApiClient, stop: threading.Event) -> None:
-    client = await Client.connect(settings.temporal_address, namespace=settings.temporal_namespace)
+async def run_watcher(
+    *, settings: Settings, api: k8s.ApiClient, client: Client, stop: threading.Event
+) -> None:
     custom = k8s.CustomObjectsApi(api)
     handle = handlers(client=client, custom=custom, settings=settings)
     loop = asyncio.get_running_loop()
@@ -101,19 +100,3 @@ async def run_watcher(*, settings: Settings, api: k8s.ApiClient, stop: threading
                 "handling %s of %s failed; retrying", kind, obj.get("metadata", {}).get("name")
             )
             loop.call_later(NUDGE_RETRY_S, queue.put_nowait, (name, kind, obj))
-
-
-async def run_watcher_process(settings: Settings) -> None:
-    stop = threading.Event()
-    done = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def on_signal() -> None:
-        stop.set()
-        done.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal)
-    task = asyncio.create_task(run_watcher(settings=settings, api=kube_api(), stop=stop))
-    await done.wait()
-    await task

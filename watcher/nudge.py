@@ -15,38 +15,44 @@ from typing import Any
 
 from kubernetes import client as k8s
 from temporalio.client import Client
-from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
-from activities.kube import ARTIFACTS, CACHES, DEPLOYMENTS, ObjectRef
 from kama.api import FINALIZER, GROUP, VERSION
 from kama.config import Settings
-from workflows.artifact import ArtifactInput, ArtifactSnapshot, ArtifactWorkflow
+from kama.contracts import (
+    ARTIFACTS,
+    CACHES,
+    DEPLOYMENTS,
+    KAMA_KIND,
+    KAMA_NAME,
+    KAMA_NAMESPACE,
+    SPEC_CHANGED,
+    EntitySnapshot,
+    ObjectRef,
+    artifact_workflow_id,
+    cache_workflow_id,
+    deployment_workflow_id,
+)
+from workflows.artifact import ArtifactInput, ArtifactWorkflow
 from workflows.cache import CacheInput, CacheWorkflow
 from workflows.deployment import DeploymentInput, DeploymentWorkflow
 
 log = logging.getLogger("kama.watcher")
-
-KAMA_KIND = SearchAttributeKey.for_keyword("KamaKind")
-KAMA_NAMESPACE = SearchAttributeKey.for_keyword("KamaNamespace")
-KAMA_NAME = SearchAttributeKey.for_keyword("KamaName")
 
 
 @dataclass(frozen=True)
 class EntityKind:
     kind: str
     plural: str
-    id_prefix: str
+    workflow_id: Callable[[ObjectRef], str]
     run: Any  # the entity workflow's run method
-    make_input: Callable[[ArtifactSnapshot, Settings], Any]
+    make_input: Callable[[EntitySnapshot, Settings], Any]
     summary: Callable[[dict[str, Any]], str]
 
-    def workflow_id(self, ref: ObjectRef) -> str:
-        return f"{self.id_prefix}/{ref.namespace}/{ref.name}/{ref.uid}"
 
-
-def snapshot_of(obj: dict[str, Any]) -> ArtifactSnapshot:
+def snapshot_of(obj: dict[str, Any]) -> EntitySnapshot:
     meta = obj["metadata"]
-    return ArtifactSnapshot(
+    return EntitySnapshot(
         ref=ObjectRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"]),
         generation=int(meta.get("generation", 1)),
         spec=obj.get("spec", {}),
@@ -73,7 +79,7 @@ def cache_summary(spec: dict[str, Any]) -> str:
 ARTIFACT = EntityKind(
     kind="ModelArtifact",
     plural=ARTIFACTS,
-    id_prefix="artifact",
+    workflow_id=artifact_workflow_id,
     run=ArtifactWorkflow.run,
     make_input=lambda snap, _settings: ArtifactInput(snapshot=snap),
     summary=artifact_summary,
@@ -81,7 +87,7 @@ ARTIFACT = EntityKind(
 CACHE = EntityKind(
     kind="ModelCache",
     plural=CACHES,
-    id_prefix="cache",
+    workflow_id=cache_workflow_id,
     run=CacheWorkflow.run,
     make_input=lambda snap, _settings: CacheInput(snapshot=snap),
     summary=cache_summary,
@@ -100,7 +106,7 @@ def deployment_summary(spec: dict[str, Any]) -> str:
 DEPLOYMENT = EntityKind(
     kind="ModelDeployment",
     plural=DEPLOYMENTS,
-    id_prefix="deployment",
+    workflow_id=deployment_workflow_id,
     run=DeploymentWorkflow.run,
     make_input=lambda snap, settings: DeploymentInput(
         snapshot=snap, runtime_image=settings.runtime_image
@@ -164,7 +170,7 @@ class Nudger:
             self.entity.make_input(snap, self.settings),
             id=self.entity.workflow_id(snap.ref),
             task_queue=self.task_queue,
-            start_signal="spec changed",
+            start_signal=SPEC_CHANGED,
             start_signal_args=[snap],
             search_attributes=TypedSearchAttributes(
                 [

@@ -24,9 +24,7 @@ from workflows.kube_calls import KUBE_TIMEOUT, call_kube
 
 with workflow.unsafe.imports_passed_through():
     from activities.kube import (
-        ARTIFACTS,
         CACHE_MOUNT,
-        CACHES,
         SOURCE_MOUNT,
         TOKEN_MOUNT,
         CacheClaim,
@@ -35,7 +33,6 @@ with workflow.unsafe.imports_passed_through():
         FinalizerRequest,
         ImporterPod,
         KubeActivities,
-        ObjectRef,
         PodRef,
         StatusPatch,
     )
@@ -44,6 +41,16 @@ with workflow.unsafe.imports_passed_through():
     from kama.api import ArtifactCondition, ArtifactPhase, ModelArtifactSpec
     from kama.cache_layout import blob_dir
     from kama.conditions import ConditionUpdate, rfc3339, set_conditions
+    from kama.contracts import (
+        ARTIFACTS,
+        CACHES,
+        RETRY,
+        SPEC_CHANGED,
+        EntitySnapshot,
+        ObjectRef,
+        import_workflow_id,
+        verify_workflow_id,
+    )
     from workflows.import_model import ImportInput, ImportResult, ImportWorkflow
     from workflows.verify_model import VerifyInput, VerifyResult, VerifyWorkflow
 
@@ -66,21 +73,6 @@ FAILURE_CONDITIONS = {
 }
 
 
-@dataclass(frozen=True)
-class ArtifactSnapshot:
-    """What the watcher saw: the object's identity, generation and spec."""
-
-    ref: ObjectRef
-    generation: int
-    spec: dict[str, Any]
-    deleting: bool = False
-
-    def supersedes(self, current: ArtifactSnapshot | None) -> bool:
-        """Whether a workflow holding `current` should take this snapshot (watch events
-        can arrive out of order; a deletion always wins)."""
-        return current is None or self.generation >= current.generation or self.deleting
-
-
 @dataclass
 class ArtifactMemory:
     """State carried across continue-as-new."""
@@ -93,7 +85,7 @@ class ArtifactMemory:
 
 @dataclass(frozen=True)
 class ArtifactInput:
-    snapshot: ArtifactSnapshot
+    snapshot: EntitySnapshot
     memory: ArtifactMemory = field(default_factory=ArtifactMemory)
 
 
@@ -126,7 +118,7 @@ def in_place_result(verified: VerifyResult) -> ImportResult:
 @workflow.defn(name="Keep model artifact")
 class ArtifactWorkflow:
     def __init__(self) -> None:
-        self._snapshot: ArtifactSnapshot | None = None
+        self._snapshot: EntitySnapshot | None = None
         self._memory = ArtifactMemory()
         self._retry = False
         self._doing = "starting"
@@ -134,12 +126,12 @@ class ArtifactWorkflow:
 
     # signals and queries ------------------------------------------------------
 
-    @workflow.signal(name="spec changed")
-    def spec_changed(self, snapshot: ArtifactSnapshot) -> None:
+    @workflow.signal(name=SPEC_CHANGED)
+    def spec_changed(self, snapshot: EntitySnapshot) -> None:
         if snapshot.supersedes(self._snapshot):
             self._snapshot = snapshot
 
-    @workflow.signal(name="retry")
+    @workflow.signal(name=RETRY)
     def retry(self) -> None:
         self._retry = True
 
@@ -195,7 +187,7 @@ class ArtifactWorkflow:
 
     # import -------------------------------------------------------------------
 
-    async def _import(self, snap: ArtifactSnapshot) -> None:
+    async def _import(self, snap: EntitySnapshot) -> None:
         spec = ModelArtifactSpec.model_validate(snap.spec)
         self._memory.attempt += 1
         operation = f"{snap.ref.uid[:8]}-g{snap.generation}-a{self._memory.attempt}"
@@ -239,7 +231,7 @@ class ArtifactWorkflow:
         )
         self._doing = "starting the importer"
         pod: PodRef = await self._kube(KubeActivities.ensure_importer_pod, pod_request)
-        child_id = f"import/{snap.ref.namespace}/{snap.ref.name}/{operation}"
+        child_id = import_workflow_id(snap.ref, operation=operation)
         import_input = ImportInput(
             operation_id=operation,
             source=None
@@ -282,7 +274,7 @@ class ArtifactWorkflow:
                     expected_sha256=spec.expected_sha256,
                     expected_size=spec.expected_size,
                 ),
-                id=f"verify/{snap.ref.namespace}/{snap.ref.name}/{operation}",
+                id=verify_workflow_id(snap.ref, operation=operation),
                 task_queue=workflow.info().task_queue,
                 search_attributes=workflow.info().typed_search_attributes,
             )
@@ -337,7 +329,7 @@ class ArtifactWorkflow:
             )
 
     async def _succeed(
-        self, snap: ArtifactSnapshot, result: ImportResult, claim: CacheClaim, pod: PodRef
+        self, snap: EntitySnapshot, result: ImportResult, claim: CacheClaim, pod: PodRef
     ) -> None:
         art = result.artifact
         digest = f"sha256:{art.manifest_digest}"
@@ -396,7 +388,7 @@ class ArtifactWorkflow:
         await self._kube(KubeActivities.delete_pod, pod)
 
     async def _fail(
-        self, snap: ArtifactSnapshot, kind: str, message: str, operation: str, pod: PodRef | None
+        self, snap: EntitySnapshot, kind: str, message: str, operation: str, pod: PodRef | None
     ) -> None:
         condition = FAILURE_CONDITIONS.get(kind)
         conditions: list[ConditionUpdate] = [
@@ -414,7 +406,7 @@ class ArtifactWorkflow:
 
     # deletion -----------------------------------------------------------------
 
-    async def _finalize(self, snap: ArtifactSnapshot) -> None:
+    async def _finalize(self, snap: EntitySnapshot) -> None:
         while True:
             self._doing = "deleting: checking for ModelDeployments that use the artifact"
             users: list[str] = await self._kube(KubeActivities.artifact_users, snap.ref)
@@ -435,7 +427,7 @@ class ArtifactWorkflow:
 
     # helpers ------------------------------------------------------------------
 
-    async def _claim(self, method: Any, snap: ArtifactSnapshot, name: str) -> CacheClaim:
+    async def _claim(self, method: Any, snap: EntitySnapshot, name: str) -> CacheClaim:
         claim: CacheClaim = await workflow.execute_activity_method(
             method,
             CacheRequest(namespace=snap.ref.namespace, name=name),
@@ -447,7 +439,7 @@ class ArtifactWorkflow:
     async def _kube(self, method: Any, argument: Any) -> Any:
         return await call_kube(method, argument)
 
-    async def _event(self, snap: ArtifactSnapshot, kind: str, reason: str, message: str) -> None:
+    async def _event(self, snap: EntitySnapshot, kind: str, reason: str, message: str) -> None:
         await self._kube(
             KubeActivities.record_event,
             EventRequest(
@@ -457,7 +449,7 @@ class ArtifactWorkflow:
 
     async def _write(
         self,
-        snap: ArtifactSnapshot,
+        snap: EntitySnapshot,
         *,
         phase: str,
         extra: dict[str, Any],

@@ -22,18 +22,17 @@ from workflows.kube_calls import KUBE_TIMEOUT, call_kube
 
 with workflow.unsafe.imports_passed_through():
     from activities.kube import (
-        CACHES,
         CacheClaim,
         CacheRequest,
         EventRequest,
         FinalizerRequest,
         KubeActivities,
-        ObjectRef,
         StatusPatch,
     )
     from kama.api import CacheConditionType
     from kama.conditions import set_condition
-    from workflows.artifact import ArtifactSnapshot, failure_type
+    from kama.contracts import CACHES, SPEC_CHANGED, EntitySnapshot, ObjectRef
+    from workflows.artifact import failure_type
 
 CLAIM_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
@@ -47,19 +46,19 @@ HISTORY_LIMIT = 2000
 
 @dataclass(frozen=True)
 class CacheInput:
-    snapshot: ArtifactSnapshot  # same shape: identity, generation, spec, deleting
+    snapshot: EntitySnapshot  # same shape: identity, generation, spec, deleting
     status: dict[str, Any] = field(default_factory=dict)
 
 
 @workflow.defn(name="Keep model cache")
 class CacheWorkflow:
     def __init__(self) -> None:
-        self._snapshot: ArtifactSnapshot | None = None
+        self._snapshot: EntitySnapshot | None = None
         self._status: dict[str, Any] = {}
         self._doing = "starting"
 
-    @workflow.signal(name="spec changed")
-    def spec_changed(self, snapshot: ArtifactSnapshot) -> None:
+    @workflow.signal(name=SPEC_CHANGED)
+    def spec_changed(self, snapshot: EntitySnapshot) -> None:
         if snapshot.supersedes(self._snapshot):
             self._snapshot = snapshot
 
@@ -98,7 +97,7 @@ class CacheWorkflow:
 
         return check
 
-    async def _reconcile(self, snap: ArtifactSnapshot) -> bool:
+    async def _reconcile(self, snap: EntitySnapshot) -> bool:
         self._doing = "finding the claim"
         try:
             claim: CacheClaim = await workflow.execute_activity_method(
@@ -125,7 +124,7 @@ class CacheWorkflow:
         )
         return True
 
-    async def _finalize(self, snap: ArtifactSnapshot) -> None:
+    async def _finalize(self, snap: EntitySnapshot) -> None:
         while True:
             users: list[str] = await self._kube(KubeActivities.cache_users, snap.ref)
             if not users:
@@ -158,7 +157,7 @@ class CacheWorkflow:
 
     async def _write(
         self,
-        snap: ArtifactSnapshot,
+        snap: EntitySnapshot,
         fields: dict[str, Any],
         *,
         ready: bool,

@@ -25,7 +25,6 @@ from workflows.kube_calls import call_kube, start_kube
 
 with workflow.unsafe.imports_passed_through():
     from activities.kube import (
-        DEPLOYMENTS,
         EventRequest,
         FinalizerRequest,
         KubeActivities,
@@ -48,6 +47,17 @@ with workflow.unsafe.imports_passed_through():
         rfc3339,
         set_conditions,
     )
+    from kama.contracts import (
+        ARTIFACT_CHANGED,
+        DEMAND,
+        DEPLOYMENTS,
+        PODS_CHANGED,
+        SPEC_CHANGED,
+        WAKE,
+        DemandReport,
+        EntitySnapshot,
+        rollout_workflow_id,
+    )
     from kama.deployment_plan import (
         ArtifactNotUsable,
         decide_deployment,
@@ -57,7 +67,6 @@ with workflow.unsafe.imports_passed_through():
     from kama.durations import parse_duration
     from kama.rollout import ObservedPod
     from kama.serving_pod import ServingTemplate, serving_selector
-    from workflows.artifact import ArtifactSnapshot
     from workflows.rollout import RolloutInput, RolloutResult, RolloutWorkflow, start_drain
 
 RESYNC = timedelta(minutes=5)
@@ -102,16 +111,8 @@ WAKE_CRITICAL_PATH = "wake-critical-path-1"
 
 
 @dataclass(frozen=True)
-class DemandReport:
-    """A gateway saw requests for this model (rate-limited by the gateway)."""
-
-    gateway: str
-    in_flight: int
-
-
-@dataclass(frozen=True)
 class DeploymentInput:
-    snapshot: ArtifactSnapshot
+    snapshot: EntitySnapshot
     runtime_image: str = DEFAULT_RUNTIME_IMAGE
     memory: DeploymentMemory = field(default_factory=DeploymentMemory)
 
@@ -119,7 +120,7 @@ class DeploymentInput:
 @workflow.defn(name="Keep model deployment")
 class DeploymentWorkflow:
     def __init__(self) -> None:
-        self._snapshot: ArtifactSnapshot | None = None
+        self._snapshot: EntitySnapshot | None = None
         self._memory = DeploymentMemory()
         self._image = DEFAULT_RUNTIME_IMAGE
         self._dirty = True
@@ -130,8 +131,8 @@ class DeploymentWorkflow:
 
     # signals and queries ------------------------------------------------------
 
-    @workflow.signal(name="spec changed")
-    def spec_changed(self, snapshot: ArtifactSnapshot) -> None:
+    @workflow.signal(name=SPEC_CHANGED)
+    def spec_changed(self, snapshot: EntitySnapshot) -> None:
         current = self._snapshot
         if snapshot.supersedes(current):
             if current is None or snapshot.generation != current.generation:
@@ -139,19 +140,19 @@ class DeploymentWorkflow:
             self._snapshot = snapshot
             self._dirty = True
 
-    @workflow.signal(name="pods changed")
+    @workflow.signal(name=PODS_CHANGED)
     def pods_changed(self) -> None:
         self._dirty = True
 
-    @workflow.signal(name="artifact changed")
+    @workflow.signal(name=ARTIFACT_CHANGED)
     def artifact_changed(self) -> None:
         self._replan = self._dirty = True
 
-    @workflow.signal(name="wake")
+    @workflow.signal(name=WAKE)
     def wake(self) -> None:
         self._wake = self._dirty = True
 
-    @workflow.signal(name="demand")
+    @workflow.signal(name=DEMAND)
     def demand(self, report: DemandReport) -> None:
         self._memory.last_demand = workflow.now().isoformat()
 
@@ -218,7 +219,7 @@ class DeploymentWorkflow:
 
     # planning -----------------------------------------------------------------
 
-    async def _plan(self, snap: ArtifactSnapshot, spec: ModelDeploymentSpec) -> None:
+    async def _plan(self, snap: EntitySnapshot, spec: ModelDeploymentSpec) -> None:
         self._doing = "reading the artifact and the nodes"
         inputs: DeploymentInputs = await call_kube(
             ServingPodActivities.read_inputs,
@@ -315,7 +316,7 @@ class DeploymentWorkflow:
     def _desired(self, spec: ModelDeploymentSpec) -> int:
         return max(spec.scaling.min_replicas, min(spec.replicas, spec.scaling.max_replicas))
 
-    async def _pods(self, snap: ArtifactSnapshot) -> list[ObservedPod]:
+    async def _pods(self, snap: EntitySnapshot) -> list[ObservedPod]:
         pods: list[ObservedPod] = await call_kube(
             ServingPodActivities.list_pods,
             PodsRequest(namespace=snap.ref.namespace, deployment=snap.ref.name),
@@ -323,7 +324,7 @@ class DeploymentWorkflow:
         return pods
 
     async def _converge(
-        self, snap: ArtifactSnapshot, spec: ModelDeploymentSpec, template: ServingTemplate
+        self, snap: EntitySnapshot, spec: ModelDeploymentSpec, template: ServingTemplate
     ) -> bool:
         desired = self._desired(spec)
         fingerprint = template.fingerprint()
@@ -354,7 +355,7 @@ class DeploymentWorkflow:
                     deadline_s=parse_duration(spec.scaling.cold_start_timeout).total_seconds(),
                     observed=pods if rollout_first else None,
                 ),
-                id=f"rollout/{snap.ref.namespace}/{snap.ref.name}/{self._memory.rollouts}",
+                id=rollout_workflow_id(snap.ref, number=self._memory.rollouts),
                 task_queue=workflow.info().task_queue,
                 search_attributes=workflow.info().typed_search_attributes,
             )
@@ -382,7 +383,7 @@ class DeploymentWorkflow:
         await self._write_replicas(snap, desired=desired, pods=pods, fingerprint=fingerprint)
         return result is None or result.converged
 
-    def _spec_moved(self, rolling: ArtifactSnapshot, desired: int) -> bool:
+    def _spec_moved(self, rolling: EntitySnapshot, desired: int) -> bool:
         """A newer spec asks for something else than the running rollout (a replica
         count equal to the one being rolled out, as after a wake, is not a change)."""
         snap = self._snapshot
@@ -396,7 +397,7 @@ class DeploymentWorkflow:
         )
 
     async def _write_replicas(
-        self, snap: ArtifactSnapshot, *, desired: int, pods: list[ObservedPod], fingerprint: str
+        self, snap: EntitySnapshot, *, desired: int, pods: list[ObservedPod], fingerprint: str
     ) -> None:
         current = [p for p in pods if p.fingerprint == fingerprint and p.serving]
         routable = [p for p in pods if p.ready and p.serving]
@@ -443,14 +444,14 @@ class DeploymentWorkflow:
             self._memory.last_demand = workflow.now().isoformat()
         return datetime.fromisoformat(self._memory.last_demand)
 
-    async def _set_replicas(self, snap: ArtifactSnapshot, replicas: int, why: str) -> None:
+    async def _set_replicas(self, snap: EntitySnapshot, replicas: int, why: str) -> None:
         await call_kube(
             ServingPodActivities.set_replicas, ScaleRequest(ref=snap.ref, replicas=replicas)
         )
         await self._record(snap, "Normal", "Scaled", f"spec.replicas set to {replicas}: {why}")
 
     async def _scale_for_wake(
-        self, snap: ArtifactSnapshot, spec: ModelDeploymentSpec
+        self, snap: EntitySnapshot, spec: ModelDeploymentSpec
     ) -> ModelDeploymentSpec:
         """Scale up for a waiting request; the spec to converge to now (without waiting
         for the watch to bring the new replica count back)."""
@@ -470,7 +471,7 @@ class DeploymentWorkflow:
         return spec.model_copy(update={"replicas": wanted})
 
     async def _scale_down_when_idle(
-        self, snap: ArtifactSnapshot, spec: ModelDeploymentSpec
+        self, snap: EntitySnapshot, spec: ModelDeploymentSpec
     ) -> timedelta | None:
         """Scale to minReplicas after idleTimeout without demand; how long until that
         is due (None when already at the minimum). Busy slots count as demand, so a
@@ -500,7 +501,7 @@ class DeploymentWorkflow:
 
     # deletion -----------------------------------------------------------------
 
-    async def _finalize(self, snap: ArtifactSnapshot) -> None:
+    async def _finalize(self, snap: EntitySnapshot) -> None:
         spec = ModelDeploymentSpec.model_validate(snap.spec)
         timeout_s = parse_duration(spec.scaling.drain_timeout).total_seconds()
         while True:
@@ -523,7 +524,7 @@ class DeploymentWorkflow:
 
     async def _write(
         self,
-        snap: ArtifactSnapshot,
+        snap: EntitySnapshot,
         *,
         extra: dict[str, Any],
         conditions: list[ConditionUpdate],
@@ -550,9 +551,7 @@ class DeploymentWorkflow:
         )
         await self._events(snap, before=before, after=current)
 
-    async def _events(
-        self, snap: ArtifactSnapshot, *, before: Conditions, after: Conditions
-    ) -> None:
+    async def _events(self, snap: EntitySnapshot, *, before: Conditions, after: Conditions) -> None:
         for kind in EVENT_CONDITIONS:
             old, new = condition_status(before, kind), condition_status(after, kind)
             if new is None or old == new:
@@ -566,7 +565,7 @@ class DeploymentWorkflow:
                 f"{kind}={new}: {entry['message']}",
             )
 
-    async def _record(self, snap: ArtifactSnapshot, kind: str, reason: str, message: str) -> None:
+    async def _record(self, snap: EntitySnapshot, kind: str, reason: str, message: str) -> None:
         """Record an Event. Started in the background (the loop waits for all of them
         before it sleeps), so a wake's scale-up does not wait for its own Event;
         histories from before that change record them inline."""

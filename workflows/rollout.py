@@ -21,8 +21,8 @@ from temporalio.workflow import ParentClosePolicy
 from workflows.kube_calls import call_kube
 
 with workflow.unsafe.imports_passed_through():
-    from activities.kube import ObjectRef
     from activities.serving_pods import CreatePod, PodName, PodsRequest, ServingPodActivities
+    from kama.contracts import ObjectRef, drain_workflow_id
     from kama.rollout import ObservedPod, plan_rollout
     from kama.serving_pod import ServingTemplate, serving_pod_manifest
     from workflows.drain import DrainInput, DrainWorkflow
@@ -147,7 +147,7 @@ async def start_drain(*, namespace: str, pod: str, timeout_s: float) -> None:
         await workflow.start_child_workflow(
             DrainWorkflow.run,
             DrainInput(namespace=namespace, pod=pod, timeout_s=timeout_s),
-            id=f"drain/{namespace}/{pod}",
+            id=drain_workflow_id(namespace=namespace, pod=pod),
             task_queue=workflow.info().task_queue,
             parent_close_policy=ParentClosePolicy.ABANDON,
             search_attributes=workflow.info().typed_search_attributes,

@@ -19,9 +19,10 @@ from temporalio.exceptions import ApplicationError
 from workflows.kube_calls import call_kube
 
 with workflow.unsafe.imports_passed_through():
-    from activities.kube import ObjectRef
     from activities.serving_pods import PodsRequest, ServingPodActivities
+    from kama.contracts import REPLICA_READY, ObjectRef, deployment_workflow_id
     from kama.rollout import ObservedPod
+    from workflows.deployment import DeploymentWorkflow
 
 READY_POLL = timedelta(seconds=1)
 WAKE_AGAIN_EVERY = timedelta(seconds=3)
@@ -39,22 +40,13 @@ class WakeResult:
     waited_s: float
 
 
-def wake_workflow_id(*, namespace: str, name: str) -> str:
-    """One per model, whatever its uid: concurrent first requests share it."""
-    return f"wake/{namespace}/{name}"
-
-
-def deployment_workflow_id(ref: ObjectRef) -> str:
-    return f"deployment/{ref.namespace}/{ref.name}/{ref.uid}"
-
-
 @workflow.defn(name="Wake model deployment")
 class WakeWorkflow:
     def __init__(self) -> None:
         self._doing = "starting"
         self._seen_by_gateway = False
 
-    @workflow.signal(name="replica ready")
+    @workflow.signal(name=REPLICA_READY)
     def replica_ready(self) -> None:
         """A gateway routed to a replica (it may know before the kubelet's probe
         does): the wake is done, and must not ask again after, say, a user scaled
@@ -76,7 +68,7 @@ class WakeWorkflow:
                 # asked again while waiting: a replica that came and went (scaled back
                 # down, crashed) before this workflow saw it must not leave the model at zero
                 self._doing = "asking the deployment to scale up"
-                await deployment.signal("wake")
+                await deployment.signal(DeploymentWorkflow.wake)
                 asked = workflow.now()
             pods: list[ObservedPod] = await call_kube(
                 ServingPodActivities.list_pods,

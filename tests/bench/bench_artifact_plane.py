@@ -23,11 +23,11 @@ from temporalio.worker import Worker
 
 from activities.models import HuggingFaceSource
 from activities.storage import hash_file
-from activities.workers import importer_activities
-from kama.testing.gguf_factory import ModelShape, write_model
-from localstack.binaries import REPO_ROOT
-from localstack.hub import HubFixture
-from localstack.temporal import TemporalEndpoints
+from kamactl.worker import importer_activities
+from kamadev.binaries import REPO_ROOT
+from kamadev.gguf_factory import ModelShape, write_model
+from kamadev.hub import HubFixture
+from kamadev.temporal import TemporalEndpoints
 from workflows.import_model import ImportInput, ImportWorkflow
 
 GIB = 1 << 30

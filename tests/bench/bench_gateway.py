@@ -32,9 +32,9 @@ import httpx
 
 from gateway.upstream import UpstreamBody, UpstreamTransport
 from kama.serving_plan import LLAMA_PORT, ServingPlan
-from localstack.binaries import REPO_ROOT
-from localstack.processes import free_port
-from localstack.stack import SHELL_IMAGE
+from kamadev.binaries import REPO_ROOT
+from kamadev.processes import free_port
+from kamadev.stack import SHELL_IMAGE
 from tests.conftest import GatewayProcess, KamaControl
 from tests.integration.test_serving_plane import (
     deployment,

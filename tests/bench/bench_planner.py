@@ -15,9 +15,9 @@ import httpx
 from kama.gguf import inspect_file
 from kama.memory import KVCacheType, ModelFacts, RuntimeEnvelope
 from kama.planner import NodeInventory, Placement, PlacementMode, llama_server_args, plan_placement
-from kama.testing.gguf_factory import ModelShape, write_model
-from localstack.binaries import ensure_binaries
-from localstack.processes import free_port
+from kamadev.binaries import ensure_binaries
+from kamadev.gguf_factory import ModelShape, write_model
+from kamadev.processes import free_port
 from tests.bench.bench_artifact_plane import record
 
 MIB = 1 << 20

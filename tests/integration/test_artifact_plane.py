@@ -14,9 +14,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from kama.testing.gguf_factory import ModelShape, write_model
-from localstack.demo import claim_host_path, claim_manifest
-from localstack.hub import Fault
+from kamadev.demo import claim_host_path, claim_manifest
+from kamadev.gguf_factory import ModelShape, write_model
+from kamadev.hub import Fault
 from tests.conftest import KamaControl
 from tests.support import apply, events_about, eventually, get_json, kubectl, wait_gone
 

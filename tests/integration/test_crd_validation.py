@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from localstack.stack import LocalStack
+from kamadev.stack import LocalStack
 from tests.support import get_json, kubectl
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from localstack.stack import LocalStack
+from kamadev.stack import LocalStack
 from tests.support import apply, get_json, kubectl
 
 

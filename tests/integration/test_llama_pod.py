@@ -7,9 +7,9 @@ from typing import Any
 
 import httpx
 
-from kama.testing.gguf_factory import ModelShape, write_model
-from localstack.demo import LLAMA_PORT, claim_host_path, claim_manifest, llama_pod_manifest
-from localstack.stack import LocalStack
+from kamadev.demo import LLAMA_PORT, claim_host_path, claim_manifest, llama_pod_manifest
+from kamadev.gguf_factory import ModelShape, write_model
+from kamadev.stack import LocalStack
 from tests.support import apply, eventually, get_json, kubectl, pid_alive
 
 

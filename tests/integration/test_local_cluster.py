@@ -8,8 +8,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from localstack.demo import claim_manifest
-from localstack.stack import SHELL_IMAGE, GPUNode, LocalStack
+from kamadev.demo import claim_manifest
+from kamadev.stack import SHELL_IMAGE, GPUNode, LocalStack
 from tests.support import apply, eventually, get_json, kubectl
 
 WIDGET_CRD: dict[str, Any] = {

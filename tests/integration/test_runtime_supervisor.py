@@ -14,8 +14,8 @@ import httpx
 
 from kama.serving_plan import LLAMA_PORT, SUPERVISOR_PORT, ServingPlan
 from kama.serving_pod import ServingTemplate, serving_pod_manifest
-from kama.testing.gguf_factory import ModelShape, write_model
-from localstack.stack import KAMA_IMAGE
+from kamadev.gguf_factory import ModelShape, write_model
+from kamadev.stack import KAMA_IMAGE
 from tests.conftest import KamaControl
 from tests.integration.test_artifact_plane import cache, hf_artifact, wait_condition
 from tests.support import apply, eventually, get_json, kubectl

@@ -21,8 +21,8 @@ from temporalio.client import Client
 from temporalio.worker import Replayer
 
 from kama.serving_plan import LLAMA_PORT
-from kama.testing.gguf_factory import ModelShape, write_model
-from localstack.stack import GPUNode
+from kamadev.gguf_factory import ModelShape, write_model
+from kamadev.stack import GPUNode
 from tests.conftest import KamaControl
 from tests.integration.test_artifact_plane import cache, condition, hf_artifact, wait_condition
 from tests.support import apply, events_about, eventually, get_json, kubectl

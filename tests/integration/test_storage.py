@@ -24,7 +24,7 @@ from activities.storage import (
     staged_file,
 )
 from kama.cache_layout import READY_NAME, Manifest, ManifestFile, blob_dir, staging_dir
-from localstack.hub import Fault, HubFixture
+from kamadev.hub import Fault, HubFixture
 
 MIB = 1 << 20
 

@@ -3,8 +3,8 @@ node and the containers it runs are all gone, found by the stack's marker."""
 
 from __future__ import annotations
 
-from localstack.processes import processes_with_marker
-from localstack.stack import SHELL_IMAGE, LocalStack
+from kamadev.processes import processes_with_marker
+from kamadev.stack import SHELL_IMAGE, LocalStack
 from tests.support import apply, eventually, get_json
 
 

@@ -11,7 +11,7 @@ from temporalio.client import Client
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 from temporalio.worker import Worker
 
-from localstack.stack import LocalStack
+from kamadev.stack import LocalStack
 from tests.integration.greeting_workflow import GreetingWorkflow, greet
 from tests.support import eventually
 

@@ -14,7 +14,7 @@ from typing import Any
 import gguf
 import pytest
 
-from kama.testing.gguf_factory import (
+from kamadev.gguf_factory import (
     CHATML_TEMPLATE,
     ModelShape,
     write_bad_magic,

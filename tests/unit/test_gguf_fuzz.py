@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kama.gguf import GGUFHeader, InvalidGGUF, read_header
-from kama.testing.gguf_factory import ModelShape, write_model
+from kamadev.gguf_factory import ModelShape, write_model
 
 FUZZ = settings(
     max_examples=300,

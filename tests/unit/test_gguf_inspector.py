@@ -31,7 +31,7 @@ from kama.gguf import (
     read_header,
     shard_file_names,
 )
-from kama.testing.gguf_factory import (
+from kamadev.gguf_factory import (
     ModelShape,
     write_bad_magic,
     write_bad_tensor_offset,

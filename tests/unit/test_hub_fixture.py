@@ -11,7 +11,7 @@ import pytest
 from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_download, hf_hub_url
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
-from localstack.hub import Fault, HubFixture
+from kamadev.hub import Fault, HubFixture
 
 
 @pytest.fixture

@@ -45,7 +45,7 @@ from kama.planner import (
     parse_quantity,
     plan_placement,
 )
-from kama.testing.gguf_factory import ModelShape, write_model
+from kamadev.gguf_factory import ModelShape, write_model
 
 GIB = 1 << 30
 

@@ -27,7 +27,7 @@ from kama.memory import ModelFacts, estimate_memory
 from kama.rollout import ObservedPod, plan_rollout
 from kama.serving_plan import ServingPlan
 from kama.serving_pod import ServingTemplate, serving_pod_manifest
-from kama.testing.gguf_factory import ModelShape, write_model
+from kamadev.gguf_factory import ModelShape, write_model
 
 FP, OLD = "newnewnew0", "oldoldold0"
 

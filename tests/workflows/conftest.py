@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from localstack.binaries import REPO_ROOT
-from localstack.hub import HubFixture
-from localstack.processes import sweep
-from localstack.temporal import TemporalDevServer, TemporalEndpoints
+from kamadev.binaries import REPO_ROOT
+from kamadev.hub import HubFixture
+from kamadev.processes import sweep
+from kamadev.temporal import TemporalDevServer, TemporalEndpoints
 
 
 @pytest.fixture(scope="session")

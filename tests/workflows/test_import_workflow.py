@@ -17,10 +17,10 @@ from temporalio.exceptions import ApplicationError
 from temporalio.worker import Replayer, Worker
 
 from activities.models import HuggingFaceSource
-from activities.workers import importer_activities
 from kama.cache_layout import READY_NAME, Manifest
-from kama.testing.gguf_factory import ModelShape, write_bad_magic, write_model, write_shards
-from localstack.hub import Fault, HubFixture
+from kamactl.worker import importer_activities
+from kamadev.gguf_factory import ModelShape, write_bad_magic, write_model, write_shards
+from kamadev.hub import Fault, HubFixture
 from workflows.import_model import ImportInput, ImportResult, ImportWorkflow
 from workflows.verify_model import VerifyInput, VerifyWorkflow
 

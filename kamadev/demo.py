@@ -9,8 +9,8 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from kama.testing.gguf_factory import ModelShape, write_model
-from localstack.stack import LLAMA_IMAGE, LocalStack
+from kamadev.gguf_factory import ModelShape, write_model
+from kamadev.stack import LLAMA_IMAGE, LocalStack
 
 LLAMA_PORT = 8080
 

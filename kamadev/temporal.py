@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from localstack.processes import ManagedProcess, free_port, wait_for_port
+from kamadev.processes import ManagedProcess, free_port, wait_for_port
 
 SEARCH_ATTRIBUTES = ("KamaKind", "KamaNamespace", "KamaName")
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import yaml
 
-from localstack.binaries import Binaries
-from localstack.pki import CertificateAuthority, CertPair, write_service_account_key
-from localstack.processes import ManagedProcess, free_port, wait_for_port
+from kamadev.binaries import Binaries
+from kamadev.pki import CertificateAuthority, CertPair, write_service_account_key
+from kamadev.processes import ManagedProcess, free_port, wait_for_port
 
 SERVICE_CIDR = "10.96.0.0/16"
 _READY_TIMEOUT_S = 120.0

@@ -17,10 +17,10 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from localstack.processnode.config import ImageMap, NodeConfig
-from localstack.processnode.containers import Container, now_rfc3339
-from localstack.processnode.events import EventRecorder
-from localstack.processnode.volumes import HostVolume, VolumeBuilder, VolumeNotReady, resolve_env
+from kamadev.processnode.config import ImageMap, NodeConfig
+from kamadev.processnode.containers import Container, now_rfc3339
+from kamadev.processnode.events import EventRecorder
+from kamadev.processnode.volumes import HostVolume, VolumeBuilder, VolumeNotReady, resolve_env
 
 log = logging.getLogger("processnode.pods")
 _TICK_S = 0.25

@@ -21,14 +21,14 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from localstack.binaries import REPO_ROOT, Binaries, ensure_binaries
-from localstack.cluster import ClusterEndpoints, LocalCluster
-from localstack.processes import ManagedProcess, free_port, sweep, wait_until
-from localstack.processnode.config import NodeConfig
-from localstack.processnode.node import FAKE_NODE_LABEL
-from localstack.temporal import TemporalDevServer, TemporalEndpoints
+from kamadev.binaries import REPO_ROOT, Binaries, ensure_binaries
+from kamadev.cluster import ClusterEndpoints, LocalCluster
+from kamadev.processes import ManagedProcess, free_port, sweep, wait_until
+from kamadev.processnode.config import NodeConfig
+from kamadev.processnode.node import FAKE_NODE_LABEL
+from kamadev.temporal import TemporalDevServer, TemporalEndpoints
 
-log = logging.getLogger("localstack")
+log = logging.getLogger("kamadev")
 
 NODE_NAME = "kama-local"
 LLAMA_IMAGE = "ghcr.io/ggml-org/llama.cpp:server-b11434"
@@ -54,7 +54,7 @@ def default_image_map(binaries: Binaries) -> dict[str, Any]:
             LLAMA_IMAGE: {"entrypoint": [str(binaries.llama_server)]},
             SHELL_IMAGE: {"cmd": ["sh"]},
             KAMA_IMAGE: {
-                "entrypoint": [sys.executable, "-m", "kama.cli"],
+                "entrypoint": [sys.executable, "-m", "kamactl"],
                 "env": {
                     "PYTHONDONTWRITEBYTECODE": "1",
                     "HF_HUB_DISABLE_TELEMETRY": "1",
@@ -177,7 +177,7 @@ class LocalStack:
         repo = Path(__file__).resolve().parent.parent
         self.node_process = ManagedProcess(
             name="process-node",
-            argv=[sys.executable, "-m", "localstack.processnode", str(config_path)],
+            argv=[sys.executable, "-m", "kamadev.processnode", str(config_path)],
             log_path=self.workdir / "logs" / "process-node.log",
             stack_id=self.stack_id,
             cwd=repo,
@@ -234,7 +234,7 @@ class LocalStack:
             "pods": "110",
             "nvidia.com/gpu": str(spec.gpus),
         }
-        from localstack.processnode.node import _now, ready_conditions
+        from kamadev.processnode.node import _now, ready_conditions
 
         core.patch_node_status(
             spec.name,

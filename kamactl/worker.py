@@ -13,25 +13,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
-from kubernetes import client as k8s
-from kubernetes import config as k8s_config
-from temporalio.client import Client
 from temporalio.worker import Worker
 
 from kama.config import Settings
+from kamactl.clients import connect_temporal, kube_api
 
 log = logging.getLogger("kama")
 
 LLAMA_PROBE_TIMEOUT_S = 3.0
-
-
-def kube_api() -> k8s.ApiClient:
-    """In-cluster credentials inside a pod, else KUBECONFIG / ~/.kube/config."""
-    try:
-        k8s_config.load_incluster_config()
-    except k8s_config.ConfigException:
-        k8s_config.load_kube_config()
-    return k8s.ApiClient()
 
 
 def _stop_on_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
@@ -53,7 +42,7 @@ async def run_worker(settings: Settings) -> None:
     from workflows.verify_model import VerifyWorkflow
     from workflows.wake import WakeWorkflow
 
-    client = await Client.connect(settings.temporal_address, namespace=settings.temporal_namespace)
+    client = await connect_temporal(settings)
     api = kube_api()
     kube = KubeActivities(
         api=api,
@@ -134,7 +123,7 @@ def importer_activities(*, http: httpx.Client, hf_endpoint: str) -> list[Callabl
 
 
 async def run_importer(settings: Settings, *, task_queue: str) -> None:
-    client = await Client.connect(settings.temporal_address, namespace=settings.temporal_namespace)
+    client = await connect_temporal(settings)
     stop = asyncio.Event()
     _stop_on_signals(asyncio.get_running_loop(), stop)
     with (

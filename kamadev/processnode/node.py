@@ -20,10 +20,10 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes import watch as k8s_watch
 
-from localstack.processes import STACK_ID_ENV
-from localstack.processnode.config import ImageMap, NodeConfig
-from localstack.processnode.events import EventRecorder
-from localstack.processnode.pods import PodWorker
+from kamadev.processes import STACK_ID_ENV
+from kamadev.processnode.config import ImageMap, NodeConfig
+from kamadev.processnode.events import EventRecorder
+from kamadev.processnode.pods import PodWorker
 
 log = logging.getLogger("processnode")
 

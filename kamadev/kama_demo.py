@@ -16,11 +16,11 @@ from typing import Any
 
 import httpx
 
-from kama.testing.gguf_factory import ModelShape, write_model
-from localstack.binaries import REPO_ROOT
-from localstack.hub import HubFixture
-from localstack.processes import ManagedProcess, free_port, wait_until
-from localstack.stack import KAMA_IMAGE, LocalStack
+from kamadev.binaries import REPO_ROOT
+from kamadev.gguf_factory import ModelShape, write_model
+from kamadev.hub import HubFixture
+from kamadev.processes import ManagedProcess, free_port, wait_until
+from kamadev.stack import KAMA_IMAGE, LocalStack
 
 DEMO_NAMESPACE = "kama-demo"
 DEMO_REPO = "kama-demo/tiny-chat"
@@ -109,7 +109,7 @@ def start_kama_demo(stack: LocalStack) -> KamaDemo:
         demo.processes.append(
             ManagedProcess(
                 name=f"kama-{command}",
-                argv=[sys.executable, "-m", "kama.cli", command, *extra],
+                argv=[sys.executable, "-m", "kamactl", command, *extra],
                 log_path=stack.workdir / "logs" / f"kama-{command}.log",
                 stack_id=stack.stack_id,
                 env={**os.environ, **env},

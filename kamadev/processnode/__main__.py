@@ -1,4 +1,4 @@
-"""`python -m localstack.processnode CONFIG.json`: run the process node."""
+"""`python -m kamadev.processnode CONFIG.json`: run the process node."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from localstack.processnode.config import NodeConfig
-from localstack.processnode.node import ProcessNode
+from kamadev.processnode.config import NodeConfig
+from kamadev.processnode.node import ProcessNode
 
 
 def main() -> None:

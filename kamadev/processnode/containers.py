@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localstack.processes import die_with_parent
-from localstack.processnode.config import ImageCommand
-from localstack.processnode.volumes import HostVolume, expand_vars
+from kamadev.processes import die_with_parent
+from kamadev.processnode.config import ImageCommand
+from kamadev.processnode.volumes import HostVolume, expand_vars
 
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 

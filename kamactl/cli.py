@@ -1,0 +1,97 @@
+"""The `kama` command: one entry point for each of Kama's processes.
+
+`kama worker` (Temporal worker for workflows and control activities), `kama watcher`
+(CRD watch → workflow signals), `kama importer` (activity worker next to a cache
+volume), `kama gateway` (the OpenAI-compatible front door) and `kama runtime` (serving
+pod supervisor). The local stack with a demo model is development tooling:
+`python -m kamadev` (what `make dev` runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+from kama.config import Settings
+
+
+def _settings() -> Settings:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return Settings.from_env(os.environ)
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from kamactl.worker import run_worker
+
+    asyncio.run(run_worker(_settings()))
+    return 0
+
+
+def _watcher(args: argparse.Namespace) -> int:
+    from kamactl.watcher import run_watcher_process
+
+    asyncio.run(run_watcher_process(_settings()))
+    return 0
+
+
+def _importer(args: argparse.Namespace) -> int:
+    from kamactl.worker import run_importer
+
+    asyncio.run(run_importer(_settings(), task_queue=args.task_queue))
+    return 0
+
+
+def _gateway(args: argparse.Namespace) -> int:
+    from gateway.app import create_app
+    from gateway.run import run_gateway
+    from kamactl.clients import kube_api
+
+    handler = create_app(settings=_settings(), api_factory=kube_api)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # no log line per request
+    run_gateway(handler, host=args.host, port=args.port)
+    return 0
+
+
+def _runtime(args: argparse.Namespace) -> int:
+    from runtime.supervisor import run_runtime
+
+    return run_runtime()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kama", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser(
+        "worker", help="run the Temporal worker (workflows, Kubernetes activities)"
+    ).set_defaults(func=_worker)
+    sub.add_parser("watcher", help="watch Kama resources and signal their workflows").set_defaults(
+        func=_watcher
+    )
+    importer = sub.add_parser(
+        "importer", help="run download/hash/publish activities next to a cache volume"
+    )
+    importer.add_argument(
+        "--task-queue", required=True, help="the per-operation task queue to poll"
+    )
+    importer.set_defaults(func=_importer)
+    gateway = sub.add_parser("gateway", help="serve the OpenAI-compatible gateway")
+    gateway.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    gateway.add_argument("--port", type=int, default=8000, help="port to listen on")
+    gateway.set_defaults(func=_gateway)
+    sub.add_parser(
+        "runtime", help="PID 1 of a serving pod: check the artifact, run llama-server, drain"
+    ).set_defaults(func=_runtime)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

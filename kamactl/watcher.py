@@ -1,0 +1,31 @@
+"""Wiring of `kama watcher`: build the Kubernetes and Temporal clients, run the
+watches until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+
+from kama.config import Settings
+from kamactl.clients import connect_temporal, kube_api
+from watcher.main import run_watcher
+
+
+async def run_watcher_process(settings: Settings) -> None:
+    stop = threading.Event()
+    done = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        stop.set()
+        done.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    client = await connect_temporal(settings)
+    task = asyncio.create_task(
+        run_watcher(settings=settings, api=kube_api(), client=client, stop=stop)
+    )
+    await done.wait()
+    await task
