@@ -11,7 +11,6 @@ backend-load poller and the demand reporter."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -38,8 +37,9 @@ from gateway.upstream import UpstreamTransport
 from gateway.wake import Waker
 from kama.api import GROUP, VERSION
 from kama.config import Settings
+from kama.contracts import DEPLOYMENTS
 from kama.serving_pod import ROLE_LABEL, SERVER_ROLE
-from watcher.watch import WatchTarget, as_dicts, run_watch
+from watcher.watch import WatchHealth, WatchTarget, as_dicts, start_watch
 
 log = logging.getLogger("kama.gateway")
 
@@ -55,7 +55,7 @@ class GatewayState:
     registry: ModelRegistry
     proxy: Proxy
     metrics: GatewayMetrics
-    synced: set[str]
+    health: WatchHealth
 
 
 def _gateway_state(app: FastAPI) -> GatewayState:
@@ -68,73 +68,39 @@ def _state(request: Request) -> GatewayState:
 
 
 def start_watches(
-    *, api: k8s.ApiClient, registry: ModelRegistry, synced: set[str], stop: threading.Event
+    *, api: k8s.ApiClient, registry: ModelRegistry, health: WatchHealth, stop: threading.Event
 ) -> None:
+    """The registry's two informers: ModelDeployments and serving pods, applied on the
+    event loop (a re-list after an outage also reports what vanished meanwhile)."""
     loop = asyncio.get_running_loop()
     core, custom = k8s.CoreV1Api(api), k8s.CustomObjectsApi(api)
     deployments = WatchTarget(
-        name="modeldeployments",
+        name=DEPLOYMENTS,
         list_fn=custom.list_cluster_custom_object,
-        kwargs={"group": GROUP, "version": VERSION, "plural": "modeldeployments"},
+        kwargs={"group": GROUP, "version": VERSION, "plural": DEPLOYMENTS},
     )
     pods = WatchTarget(
         name="pods",
         list_fn=as_dicts(api, core.list_pod_for_all_namespaces),
         kwargs={"label_selector": f"{ROLE_LABEL}={SERVER_ROLE}"},
     )
-    appliers: dict[str, Callable[[str, dict[str, Any]], None]] = {
-        "modeldeployments": registry.apply_deployment,
-        "pods": registry.apply_pod,
-    }
-    for target in (deployments, pods):
-        apply = appliers[target.name]
+    for target, apply in (
+        (deployments, registry.apply_deployment),
+        (pods, registry.apply_pod),
+    ):
 
         def on_object(
             kind: str, obj: dict[str, Any], apply: Callable[[str, dict[str, Any]], None] = apply
         ) -> None:
             loop.call_soon_threadsafe(apply, kind, obj)
 
-        listing = _marking_synced(
-            list_fn=target.list_fn,
-            on_object=on_object,
-            mark=functools.partial(loop.call_soon_threadsafe, synced.add, target.name),
-        )
-        threading.Thread(
-            target=run_watch,
-            kwargs={
-                "target": WatchTarget(name=target.name, list_fn=listing, kwargs=target.kwargs),
-                "on_object": on_object,
-                "stop": stop,
-            },
-            daemon=True,
-        ).start()
-
-
-def _marking_synced(
-    *,
-    list_fn: Callable[..., Any],
-    on_object: Callable[[str, dict[str, Any]], None],
-    mark: Callable[[], object],
-) -> Callable[..., Any]:
-    """A list call that hands its items over and then marks the collection synced
-    (the watch loop hands them over again, which is harmless)."""
-
-    @functools.wraps(list_fn)
-    def call(**kwargs: Any) -> Any:
-        result = list_fn(**kwargs)
-        if not kwargs.get("watch"):
-            for item in result.get("items", []):
-                on_object("SYNC", item)
-            mark()
-        return result
-
-    return call
+        start_watch(target=target, on_object=on_object, stop=stop, health=health)
 
 
 def create_app(*, settings: Settings, api_factory: Callable[[], k8s.ApiClient]) -> GatewayHandler:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        metrics, synced = GatewayMetrics(), set[str]()
+        metrics, health = GatewayMetrics(), WatchHealth()
         registry = ModelRegistry(on_pod_gone=metrics.forget_pod)
         stop = threading.Event()
         transport = UpstreamTransport(keepalive_expiry=UPSTREAM_KEEPALIVE_EXPIRY_S)
@@ -153,9 +119,9 @@ def create_app(*, settings: Settings, api_factory: Callable[[], k8s.ApiClient]) 
                 registry=registry,
                 proxy=Proxy(registry=registry, upstream=transport, waker=waker, metrics=metrics),
                 metrics=metrics,
-                synced=synced,
+                health=health,
             )
-            start_watches(api=api_factory(), registry=registry, synced=synced, stop=stop)
+            start_watches(api=api_factory(), registry=registry, health=health, stop=stop)
             background = [
                 asyncio.create_task(poll_backend_load(registry=registry, http=http)),
                 asyncio.create_task(report_demand(registry=registry, client=temporal)),
@@ -183,14 +149,17 @@ def create_app(*, settings: Settings, api_factory: Callable[[], k8s.ApiClient]) 
         return GatewayError(exc.status_code, message, code="not_found").response()
 
     @app.get("/healthz")
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    async def healthz(request: Request) -> JSONResponse:
+        alive = _state(request).health.alive()
+        return JSONResponse({"status": "ok" if alive else "watch died"}, 200 if alive else 503)
 
     @app.get("/readyz")
     async def readyz(request: Request) -> JSONResponse:
-        synced = _state(request).synced
-        ready = {"modeldeployments", "pods"} <= synced
-        return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
+        health = _state(request).health
+        ready = health.ready()
+        return JSONResponse(
+            {"ready": ready, "watches": health.report()}, status_code=200 if ready else 503
+        )
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:

@@ -115,7 +115,6 @@ class ModelRegistry:
         self._on_pod_gone = on_pod_gone  # (model key, pod name): its metrics can go
         self.models: dict[str, Model] = {}
         self._pods: dict[str, tuple[str, dict[str, Any]]] = {}  # ns/pod -> (model key, pod)
-        self.synced: set[str] = set()
 
     # name resolution ------------------------------------------------------------
 

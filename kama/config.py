@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 DEFAULT_CONTROL_QUEUE = "kama-control"
 DEFAULT_IMPORTER_IMAGE = "ghcr.io/kama-dev/kama:0.1.0"
+DEFAULT_HEALTH_PORT = 8081
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,7 @@ class Settings:
     importer_temporal_address: str | None = None  # as pods see Temporal, if different
     watch_namespace: str | None = None  # None: all namespaces
     runtime_image: str = DEFAULT_IMPORTER_IMAGE  # serving pods run `kama runtime` from it
+    health_port: int = DEFAULT_HEALTH_PORT  # the watcher's /healthz and /readyz
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -34,4 +36,5 @@ class Settings:
             watch_namespace=env.get("KAMA_WATCH_NAMESPACE") or None,
             runtime_image=env.get("KAMA_RUNTIME_IMAGE")
             or env.get("KAMA_IMPORTER_IMAGE", defaults.runtime_image),
+            health_port=int(env.get("KAMA_HEALTH_PORT", defaults.health_port)),
         )

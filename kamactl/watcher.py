@@ -9,7 +9,9 @@ import threading
 
 from kama.config import Settings
 from kamactl.clients import connect_temporal, kube_api
+from watcher.health import serve_health
 from watcher.main import run_watcher
+from watcher.watch import WatchHealth
 
 
 async def run_watcher_process(settings: Settings) -> None:
@@ -23,9 +25,12 @@ async def run_watcher_process(settings: Settings) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
+    health = WatchHealth()
+    server = serve_health(health=health, host="0.0.0.0", port=settings.health_port)
     client = await connect_temporal(settings)
     task = asyncio.create_task(
-        run_watcher(settings=settings, api=kube_api(), client=client, stop=stop)
+        run_watcher(settings=settings, api=kube_api(), client=client, stop=stop, health=health)
     )
     await done.wait()
     await task
+    server.shutdown()

@@ -112,7 +112,7 @@ def start_kama_demo(stack: LocalStack) -> KamaDemo:
                 argv=[sys.executable, "-m", "kamactl", command, *extra],
                 log_path=stack.workdir / "logs" / f"kama-{command}.log",
                 stack_id=stack.stack_id,
-                env={**os.environ, **env},
+                env={**os.environ, "KAMA_HEALTH_PORT": str(free_port()), **env},
                 cwd=REPO_ROOT,
             )
         )

@@ -112,7 +112,8 @@ def _kama_process(
         argv=[sys.executable, "-m", "kamactl", command, *(extra_args or [])],
         log_path=stack.workdir / "logs" / f"kama-{label}.log",
         stack_id=stack.stack_id,
-        env={**os.environ, **env},
+        # each process its own health port (two watchers run at once)
+        env={**os.environ, "KAMA_HEALTH_PORT": str(free_port()), **env},
         cwd=REPO_ROOT,
     )
 

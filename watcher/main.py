@@ -17,7 +17,7 @@ from kama.config import Settings
 from kama.serving_pod import ROLE_LABEL, SERVER_ROLE
 from watcher.dependents import DeploymentSignals
 from watcher.nudge import ARTIFACT, CACHE, DEPLOYMENT, Nudger
-from watcher.watch import WatchTarget, as_dicts, run_watch
+from watcher.watch import WatchHealth, WatchTarget, as_dicts, start_watch
 
 log = logging.getLogger("kama.watcher")
 
@@ -71,7 +71,12 @@ def handlers(
 
 
 async def run_watcher(
-    *, settings: Settings, api: k8s.ApiClient, client: Client, stop: threading.Event
+    *,
+    settings: Settings,
+    api: k8s.ApiClient,
+    client: Client,
+    stop: threading.Event,
+    health: WatchHealth,
 ) -> None:
     custom = k8s.CustomObjectsApi(api)
     handle = handlers(client=client, custom=custom, settings=settings)
@@ -83,11 +88,7 @@ async def run_watcher(
         def on_object(kind: str, obj: dict[str, Any], name: str = target.name) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, (name, kind, obj))
 
-        threading.Thread(
-            target=run_watch,
-            kwargs={"target": target, "on_object": on_object, "stop": stop},
-            daemon=True,
-        ).start()
+        start_watch(target=target, on_object=on_object, stop=stop, health=health)
     while not stop.is_set():
         try:
             name, kind, obj = await asyncio.wait_for(queue.get(), timeout=1)
