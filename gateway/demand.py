@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from datetime import timedelta
 
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
@@ -22,6 +23,8 @@ from workflows.deployment import DeploymentWorkflow
 log = logging.getLogger("kama.gateway")
 
 REPORT_INTERVAL_S = 2.0
+# a stalled Temporal must not stall the reports of every other model behind one call
+REPORT_RPC_TIMEOUT = timedelta(seconds=2)
 
 
 async def report_demand(*, registry: ModelRegistry, client: Client) -> None:
@@ -39,7 +42,10 @@ async def report_demand(*, registry: ModelRegistry, client: Client) -> None:
                 await client.get_workflow_handle(workflow_id).signal(
                     DeploymentWorkflow.demand,
                     DemandReport(gateway=gateway, in_flight=model.in_flight),
+                    rpc_timeout=REPORT_RPC_TIMEOUT,
                 )
             except RPCError as exc:
                 if exc.status != RPCStatusCode.NOT_FOUND:
                     log.warning("reporting demand for %s failed: %s", model.key, exc)
+            except Exception as exc:  # Temporal away: report again next period
+                log.warning("reporting demand for %s failed: %s", model.key, exc)

@@ -1,13 +1,19 @@
 """Requests for a model with no ready replica: start (or join) its WakeWorkflow and
 hold the request in a bounded per-model queue until the first endpoint appears.
 Overflow is 429, the cold-start timeout 503; both carry Retry-After, and the 503
-says why the deployment is not serving."""
+says why the deployment is not serving.
+
+Temporal may be away (restarting, partitioned, stalled) when the first request
+arrives: every call carries an RPC timeout, and starting/joining the wake is retried
+with capped back-off for as long as requests are held, so held requests are answered
+soon after Temporal returns rather than at the end of the cold-start timeout."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -32,6 +38,11 @@ RETRY_AFTER_QUEUE_FULL_S = 5
 EARLY_PROBE_S = 0.05  # while requests are held for a starting replica
 EARLY_PROBE_TIMEOUT_S = 0.25
 RETRY_AFTER_COLD_START_S = 30
+# Temporal calls: a stalled server must not hold a call (and the wake) forever
+TEMPORAL_RPC_TIMEOUT = timedelta(seconds=5)
+WAKE_RETRY_START_S = 0.25
+WAKE_RETRY_MAX_S = 5.0
+READY_SIGNAL_ATTEMPTS = 5
 
 
 class Waker:
@@ -69,7 +80,32 @@ class Waker:
             await asyncio.sleep(EARLY_PROBE_S)
 
     async def _start_wake(self, model: Model) -> str | None:
-        """Start or join the wake; the run to tell when a replica is ready."""
+        """Start or join the wake, trying again with back-off while requests are held
+        and no replica is ready; the run to tell when a replica is ready (None if the
+        wait ended before any attempt succeeded)."""
+        backoff = WAKE_RETRY_START_S
+        failures = 0
+        while model.held and not model.endpoints:
+            try:
+                run_id = await self._start_wake_once(model)
+            except (RPCError, RuntimeError, TimeoutError) as exc:
+                failures += 1
+                log.warning(
+                    "starting the wake of %s failed (attempt %d, retrying in %.1fs): %s",
+                    model.key,
+                    failures,
+                    backoff,
+                    exc,
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, WAKE_RETRY_MAX_S)
+                continue
+            if failures:
+                log.info("started the wake of %s after %d failed attempts", model.key, failures)
+            return run_id
+        return None
+
+    async def _start_wake_once(self, model: Model) -> str | None:
         handle = await self.client.start_workflow(
             WakeWorkflow.run,
             WakeInput(
@@ -86,6 +122,7 @@ class Waker:
                     SearchAttributePair(KAMA_NAME, model.name),
                 ]
             ),
+            rpc_timeout=TEMPORAL_RPC_TIMEOUT,
         )
         self.metrics.cold_starts.labels(model.key).inc()
         return handle.run_id
@@ -158,14 +195,21 @@ class Waker:
             run_id = await start
         except Exception:
             return  # its failure is logged by its own callback
+        if run_id is None:
+            return  # no wake was started: nothing to tell
         handle = self.client.get_workflow_handle(
             wake_workflow_id(namespace=model.namespace, name=model.name), run_id=run_id
         )  # that run only: a later wake for the same model must not end early
-        try:
-            await handle.signal(WakeWorkflow.replica_ready)
-        except RPCError as exc:
-            if exc.status != RPCStatusCode.NOT_FOUND:  # not found: it already finished
-                raise
+        for attempt in range(1, READY_SIGNAL_ATTEMPTS + 1):
+            try:
+                await handle.signal(WakeWorkflow.replica_ready, rpc_timeout=TEMPORAL_RPC_TIMEOUT)
+                return
+            except RPCError as exc:
+                if exc.status == RPCStatusCode.NOT_FOUND:  # it already finished
+                    return
+                if attempt == READY_SIGNAL_ATTEMPTS:
+                    raise  # the wake also ends by itself once it lists a ready pod
+                await asyncio.sleep(WAKE_RETRY_START_S * attempt)
 
 
 def _log_failure(task: asyncio.Task[Any]) -> None:

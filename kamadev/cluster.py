@@ -217,6 +217,7 @@ class LocalCluster:
             pki_dir=self.pki_dir,
         )
         self.ca = ca
+        self._admin = admin
         return self._endpoints
 
     def _wait_ready(self, *, server: str, ca: Path, user: CertPair, proc: ManagedProcess) -> None:
@@ -238,6 +239,19 @@ class LocalCluster:
         raise TimeoutError(
             f"kube-apiserver not ready after {_READY_TIMEOUT_S}s ({last})\n{proc.tail()}"
         )
+
+    def restart(self, name: str, *, down_for: float) -> None:
+        """Kill one control-plane process (`etcd`, `kube-apiserver`, …) and start it
+        again with the same flags after `down_for` seconds, as an upgrade or a crash
+        does; waits until the API server answers again."""
+        index = next(i for i, p in enumerate(self.processes) if p.name == name)
+        old = self.processes[index]
+        old.stop(grace=0)
+        time.sleep(down_for)
+        self.processes[index] = old.respawn()
+        endpoints = self.endpoints
+        apiserver = next(p for p in self.processes if p.name == "kube-apiserver")
+        self._wait_ready(server=endpoints.server, ca=endpoints.ca, user=self._admin, proc=apiserver)
 
     def check_alive(self) -> None:
         for proc in self.processes:

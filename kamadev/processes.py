@@ -92,6 +92,9 @@ class ManagedProcess:
         self.name = name
         self.argv = list(argv)
         self.log_path = log_path
+        self.stack_id = stack_id
+        self.env = env
+        self.cwd = cwd
         environ = dict(os.environ if env is None else env)
         environ[STACK_ID_ENV] = stack_id
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -126,6 +129,25 @@ class ManagedProcess:
         except OSError:
             return ""
         return "\n".join(text.splitlines()[-lines:])
+
+    def respawn(self) -> ManagedProcess:
+        """The same command started again (after `stop`), logging to the same file."""
+        return ManagedProcess(
+            name=self.name,
+            argv=self.argv,
+            log_path=self.log_path,
+            stack_id=self.stack_id,
+            env=self.env,
+            cwd=self.cwd,
+        )
+
+    def freeze(self) -> None:
+        """SIGSTOP the process group: a stalled host or a network partition, as clients
+        see it (connections stay open, nothing answers)."""
+        os.killpg(self.popen.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        os.killpg(self.popen.pid, signal.SIGCONT)
 
     def stop(self, *, grace: float = 10.0) -> None:
         """SIGTERM the process group, SIGKILL it after `grace` seconds."""

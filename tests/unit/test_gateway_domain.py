@@ -176,7 +176,7 @@ class RecordingHandle:
     workflow_id: str
     run_id: str | None
 
-    async def signal(self, signal: Any, *_args: Any) -> None:
+    async def signal(self, signal: Any, *_args: Any, **_kwargs: Any) -> None:
         name = getattr(signal, "__temporal_signal_definition").name
         self.temporal.signalled.append((self.workflow_id, self.run_id, name))
 
