@@ -22,15 +22,9 @@ from kama.memory import (
     RuntimeEnvelope,
     format_bytes,
 )
-from kama.planner import (
-    Placement,
-    PlacementPlan,
-    Profile,
-    ProfileMode,
-    node_from_k8s,
-    plan_placement,
-    serving_plan,
-)
+from kama.node_inventory import node_from_k8s
+from kama.planner import Placement, PlacementPlan, Profile, ProfileMode, plan_placement
+from kama.serving_plan import ServingPlan
 from kama.serving_pod import ServingTemplate
 
 MAX_REJECTED_IN_STATUS: Final = 64
@@ -41,6 +35,11 @@ class ArtifactNotUsable(ValueError):
 
 
 def model_facts(info: GGUFInfo) -> ModelFacts:
+    """What the planner needs from the artifact's ``status.gguf``: the one way to build
+    ModelFacts from a model, used alike by the deployment workflow, the tests and the
+    calibration benchmark (which go GGUFFacts → ``GGUFInfo.from_facts`` → here).
+    Per-layer KV heads are kept when the file gives them; ArtifactNotUsable names what
+    is missing or inconsistent."""
     required = {
         "layers": info.layers,
         "embeddingLength": info.embedding_length,
@@ -60,6 +59,12 @@ def model_facts(info: GGUFInfo) -> ModelFacts:
     assert info.head_dim_k is not None and info.head_dim_v is not None
     assert info.context_length is not None and info.vocab_size is not None
     assert info.weights is not None
+    per_layer = info.head_count_kv_per_layer
+    if per_layer is not None and len(per_layer) != info.layers:
+        raise ArtifactNotUsable(
+            f"artifact status.gguf headCountKVPerLayer has {len(per_layer)} entries "
+            f"for {info.layers} layers"
+        )
     return ModelFacts(
         n_layer=info.layers,
         n_embd=info.embedding_length,
@@ -72,6 +77,7 @@ def model_facts(info: GGUFInfo) -> ModelFacts:
         tensor_bytes=info.weights.tensor_bytes(),
         n_ff=info.feed_forward_length,
         n_expert=info.expert_count,
+        n_head_kv_per_layer=None if per_layer is None else tuple(per_layer),
         file_type=info.file_type,
     )
 
@@ -87,6 +93,28 @@ def runtime_envelope(runtime: Runtime) -> RuntimeEnvelope:
         micro_batch_size=runtime.micro_batch_size or min(DEFAULT_MICRO_BATCH_SIZE, batch),
         flash_attention=runtime.flash_attention,
         threads=runtime.threads,
+    )
+
+
+def serving_plan(*, profile: Profile, entrypoint: str, manifest_digest: str) -> ServingPlan:
+    """The part of a profile a serving pod needs, as data for the runtime supervisor,
+    which renders it as llama-server flags (``ServingPlan.llama_server_args``)."""
+    envelope = profile.envelope
+    return ServingPlan(
+        entrypoint=entrypoint,
+        manifest_digest=manifest_digest,
+        ctx_total=profile.ctx_total,
+        concurrency=envelope.concurrency,
+        kv_key_type=str(envelope.kv_key_type),
+        kv_value_type=str(envelope.kv_value_type),
+        n_gpu_layers=profile.n_gpu_layers,
+        gpus=profile.gpus_per_replica,
+        split_mode=str(profile.split_mode),
+        tensor_split=tuple(profile.tensor_split),
+        batch_size=envelope.batch_size,
+        micro_batch_size=envelope.micro_batch_size,
+        flash_attention=str(envelope.flash_attention),
+        threads=envelope.threads,
     )
 
 
@@ -217,7 +245,7 @@ def decide_deployment(
     profile = plan.selected
     runtime_plan = replace(
         serving_plan(
-            profile,
+            profile=profile,
             entrypoint=entrypoint_of(artifact),
             manifest_digest=artifact.manifest_digest.removeprefix("sha256:"),
         ),

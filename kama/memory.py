@@ -54,8 +54,6 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import Final
 
-from kama.gguf import GGUFFacts
-
 __all__ = [
     "COMPUTE_EMBD_FACTOR",
     "COMPUTE_FF_FACTOR",
@@ -178,7 +176,10 @@ def _require_positive(*, owner: str, values: Mapping[str, int | None]) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelFacts:
-    """What the estimator needs from a model's GGUF facts (or the artifact's status)."""
+    """What the estimator needs from a model. Built from the artifact's ``status.gguf``
+    by ``kama.deployment_plan.model_facts``, the one path production, the tests and the
+    calibration benchmark share; ``n_head_kv`` is the maximum over layers and
+    ``n_head_kv_per_layer``, when the file gives it, the count of each layer."""
 
     n_layer: int
     n_embd: int
@@ -218,42 +219,6 @@ class ModelFacts:
         if negative:
             raise ValueError(f"ModelFacts.tensor_bytes has negative sizes for {negative[:4]}")
         object.__setattr__(self, "tensor_bytes", MappingProxyType(dict(self.tensor_bytes)))
-
-    @classmethod
-    def from_gguf(cls, facts: GGUFFacts) -> ModelFacts:
-        """Take what the planner needs from ``facts``; ValueError names what is missing."""
-        required = {
-            "n_layer (block_count)": facts.n_layer,
-            "n_embd (embedding_length)": facts.n_embd,
-            "n_head (attention.head_count)": facts.n_head,
-            "n_head_kv": facts.n_head_kv,
-            "head_dim_k": facts.head_dim_k,
-            "head_dim_v": facts.head_dim_v,
-            "n_ctx_train (context_length)": facts.n_ctx_train,
-            "vocab size": facts.vocab_size,
-        }
-        missing = [name for name, value in required.items() if value is None]
-        if missing:
-            raise ValueError(f"GGUF facts lack what placement needs: {', '.join(missing)}")
-        assert facts.n_layer is not None and facts.n_embd is not None and facts.n_head is not None
-        assert facts.n_head_kv is not None and facts.head_dim_k is not None
-        assert facts.head_dim_v is not None and facts.n_ctx_train is not None
-        assert facts.vocab_size is not None
-        return cls(
-            n_layer=facts.n_layer,
-            n_embd=facts.n_embd,
-            n_head=facts.n_head,
-            n_head_kv=facts.n_head_kv,
-            head_dim_k=facts.head_dim_k,
-            head_dim_v=facts.head_dim_v,
-            n_ctx_train=facts.n_ctx_train,
-            n_vocab=facts.vocab_size,
-            tensor_bytes=facts.tensors,
-            n_ff=facts.n_ff,
-            n_expert=facts.n_expert,
-            n_head_kv_per_layer=facts.n_head_kv_per_layer,
-            file_type=facts.file_type_name,
-        )
 
     @property
     def total_weight_bytes(self) -> int:

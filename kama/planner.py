@@ -12,15 +12,14 @@ The envelope is a promise to the user: the planner never lowers context, slots o
 precision to make a model fit. It changes only where the model runs; if nothing
 fits, the answer is FitFailed and no pod is created.
 
-``llama_server_args`` renders a resolved profile as llama-server flags (DESIGN §7).
-
-Pure: no I/O. The memory estimate itself lives in ``kama.memory``.
+Pure: no I/O. The memory estimate lives in ``kama.memory``, what the planner knows of
+nodes in ``kama.node_inventory``; ``kama.deployment_plan`` turns the chosen profile
+into the ``ServingPlan`` whose llama-server flags the runtime supervisor renders.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -29,26 +28,16 @@ from types import MappingProxyType
 from typing import Any, Final, Literal
 
 from kama.memory import (
-    MIB,
-    FlashAttention,
-    KVCacheType,
     MemoryEstimate,
     ModelFacts,
     RuntimeEnvelope,
     estimate_memory,
     format_bytes,
 )
-from kama.serving_plan import ServingPlan
+from kama.node_inventory import GPU_MEMORY_LABEL, GPU_RESOURCE, NodeInventory, Taint
 
 __all__ = [
-    "GPU_MEMORY_LABEL",
-    "GPU_PRODUCT_LABEL",
-    "GPU_RESOURCE",
     "MIN_REPLICA_CPU_MILLICORES",
-    "FlashAttention",
-    "KVCacheType",
-    "ModelFacts",
-    "NodeInventory",
     "Placement",
     "PlacementMode",
     "PlacementPlan",
@@ -56,30 +45,16 @@ __all__ = [
     "Profile",
     "ProfileMode",
     "Rejection",
-    "RuntimeEnvelope",
+    "ResourceName",
     "SplitMode",
-    "Taint",
     "Toleration",
-    "llama_server_args",
-    "node_from_k8s",
-    "parse_bytes",
-    "parse_cpu_millicores",
-    "parse_quantity",
     "plan_placement",
 ]
-
-GPU_RESOURCE: Final = "nvidia.com/gpu"
-GPU_PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
-GPU_MEMORY_LABEL: Final = "nvidia.com/gpu.memory"  # MiB, from GPU Feature Discovery
-UNSCHEDULABLE_TAINT_KEY: Final = "node.kubernetes.io/unschedulable"
 
 MIN_REPLICA_CPU_MILLICORES: Final = 1000
 """CPU a replica needs when ``threads`` is not set; with ``threads`` it is 1000 per thread."""
 
 _EXCLUDING_EFFECTS: Final = frozenset({"NoSchedule", "NoExecute"})
-
-Taint = tuple[str, str, str]
-"""(key, value, effect); an absent value is ""."""
 
 Toleration = tuple[str, str, str, str]
 """(key, operator, value, effect) as in a Pod spec; "" for an absent field, operator
@@ -123,149 +98,6 @@ class ProfileMode(StrEnum):
 class SplitMode(StrEnum):
     NONE = "none"
     LAYER = "layer"
-
-
-# ---------------------------------------------------------------------------
-# Kubernetes quantities and nodes
-
-_QUANTITY_RE = re.compile(
-    r"^(?P<num>[+-]?(?:\d+(?:\.\d*)?|\.\d+))"
-    r"(?:(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)|[eE](?P<exp>[+-]?\d+))?$"
-)
-_SUFFIXES: Final[Mapping[str, Fraction]] = MappingProxyType(
-    {
-        "": Fraction(1),
-        "n": Fraction(1, 10**9),
-        "u": Fraction(1, 10**6),
-        "m": Fraction(1, 10**3),
-        "k": Fraction(10**3),
-        "M": Fraction(10**6),
-        "G": Fraction(10**9),
-        "T": Fraction(10**12),
-        "P": Fraction(10**15),
-        "E": Fraction(10**18),
-        "Ki": Fraction(2**10),
-        "Mi": Fraction(2**20),
-        "Gi": Fraction(2**30),
-        "Ti": Fraction(2**40),
-        "Pi": Fraction(2**50),
-        "Ei": Fraction(2**60),
-    }
-)
-_MAX_EXPONENT: Final = 30
-
-
-def parse_quantity(value: str | int | float) -> Fraction:
-    """The exact value of a Kubernetes quantity such as ``"500m"``, ``"512Gi"``, ``"1e3"``."""
-    if isinstance(value, bool):
-        raise ValueError(f"not a quantity: {value!r}")
-    if isinstance(value, int):
-        return Fraction(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"not a quantity: {value!r}")
-        return Fraction(value)
-    m = _QUANTITY_RE.match(value.strip())
-    if m is None:
-        raise ValueError(f"not a Kubernetes quantity: {value!r}")
-    number = Fraction(m["num"])
-    if m["exp"] is not None:
-        exponent = int(m["exp"])
-        if abs(exponent) > _MAX_EXPONENT:
-            raise ValueError(f"quantity exponent out of range: {value!r}")
-        return number * Fraction(10) ** exponent
-    return number * _SUFFIXES[m["suffix"] or ""]
-
-
-def _non_negative(*, value: Fraction, raw: object) -> Fraction:
-    if value < 0:
-        raise ValueError(f"negative quantity: {raw!r}")
-    return value
-
-
-def parse_cpu_millicores(value: str | int | float) -> int:
-    """CPU quantity in millicores, rounded up as Kubernetes does (``"64"`` → 64000)."""
-    return math.ceil(_non_negative(value=parse_quantity(value), raw=value) * 1000)
-
-
-def parse_bytes(value: str | int | float) -> int:
-    """Memory quantity in bytes, rounded up (``"81559Mi"`` → 85520809984)."""
-    return math.ceil(_non_negative(value=parse_quantity(value), raw=value))
-
-
-@dataclass(frozen=True, kw_only=True)
-class NodeInventory:
-    """What the planner knows about one node: allocatable resources, GPUs, taints, labels."""
-
-    name: str
-    cpu_millicores: int
-    memory_bytes: int
-    gpu_count: int = 0
-    gpu_product: str | None = None
-    gpu_memory_mib: int | None = None
-    taints: tuple[Taint, ...] = ()
-    labels: Mapping[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        for name in ("cpu_millicores", "memory_bytes", "gpu_count"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"NodeInventory.{name} must be >= 0, got {getattr(self, name)}")
-        if self.gpu_memory_mib is not None and self.gpu_memory_mib < 1:
-            raise ValueError(f"NodeInventory.gpu_memory_mib must be >= 1: {self.gpu_memory_mib}")
-        object.__setattr__(self, "taints", tuple(self.taints))
-        object.__setattr__(self, "labels", MappingProxyType(dict(self.labels)))
-
-    @property
-    def gpu_memory_bytes(self) -> int | None:
-        return None if self.gpu_memory_mib is None else self.gpu_memory_mib * MIB
-
-
-def _mapping(*, value: object, what: str) -> Mapping[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise ValueError(f"{what} should be an object, got {type(value).__name__}")
-    return value
-
-
-def node_from_k8s(node: Mapping[str, Any]) -> NodeInventory:
-    """Build a NodeInventory from a Kubernetes Node object given as a JSON dict.
-
-    Reads ``status.allocatable`` (cpu, memory, ``nvidia.com/gpu``), the GFD labels
-    ``nvidia.com/gpu.product`` and ``nvidia.com/gpu.memory`` (MiB), ``spec.taints`` and
-    ``spec.unschedulable`` (a cordoned node counts as tainted NoSchedule).
-    """
-    metadata = _mapping(value=node.get("metadata"), what="metadata")
-    spec = _mapping(value=node.get("spec"), what="spec")
-    status = _mapping(value=node.get("status"), what="status")
-    name = metadata.get("name")
-    if not isinstance(name, str) or not name:
-        raise ValueError("Node has no metadata.name")
-    labels = {
-        str(k): str(v) for k, v in _mapping(value=metadata.get("labels"), what="labels").items()
-    }
-    allocatable = _mapping(value=status.get("allocatable"), what="status.allocatable")
-    gpus = parse_quantity(allocatable.get(GPU_RESOURCE, 0))
-    gpu_memory = labels.get(GPU_MEMORY_LABEL)
-    taints: list[Taint] = []
-    for raw in spec.get("taints") or ():
-        taint = _mapping(value=raw, what="taint")
-        key, effect = taint.get("key"), taint.get("effect")
-        if not isinstance(key, str) or not isinstance(effect, str):
-            raise ValueError(f"Node {name} has a taint without key or effect: {raw!r}")
-        taints.append((key, str(taint.get("value") or ""), effect))
-    if spec.get("unschedulable") and not any(t[0] == UNSCHEDULABLE_TAINT_KEY for t in taints):
-        taints.append((UNSCHEDULABLE_TAINT_KEY, "", "NoSchedule"))
-    return NodeInventory(
-        name=name,
-        cpu_millicores=parse_cpu_millicores(allocatable.get("cpu", 0)),
-        memory_bytes=parse_bytes(allocatable.get("memory", 0)),
-        gpu_count=math.floor(_non_negative(value=gpus, raw=gpus)),
-        gpu_product=labels.get(GPU_PRODUCT_LABEL),
-        gpu_memory_mib=int(gpu_memory) if gpu_memory and gpu_memory.isdigit() else None,
-        taints=tuple(taints),
-        labels=labels,
-    )
 
 
 # ---------------------------------------------------------------------------
@@ -817,48 +649,4 @@ def plan_placement(
     )
     return PlacementPlan(
         selected=profile, rejected=tuple(rejected), fit_failed_message=None, envelope=envelope
-    )
-
-
-# ---------------------------------------------------------------------------
-# llama-server flags
-
-
-def llama_server_args(
-    profile: Profile, envelope: RuntimeEnvelope, *, model_path: str, host: str, port: int
-) -> list[str]:
-    """llama-server's command-line flags for ``profile`` (DESIGN §7), program name excluded.
-
-    Every flag is checked against the pinned llama.cpp's ``common/arg.cpp``:
-    ``--no-kv-unified`` gives each slot exactly ``context_size`` cells, ``--fit off``
-    stops llama.cpp from adjusting unset parameters (context included) to free device
-    memory, ``--no-context-shift`` makes a request that outgrows its context fail
-    instead of silently dropping tokens, and ``--n-gpu-layers`` is always explicit (its
-    default is "auto").
-    """
-    if envelope != profile.envelope:
-        raise ValueError("the envelope differs from the one the profile was planned for")
-    directory, _, entrypoint = model_path.rpartition("/")
-    plan = serving_plan(profile, entrypoint=entrypoint, manifest_digest="")
-    return plan.llama_server_args(model_dir=directory or ".", host=host, port=port)
-
-
-def serving_plan(profile: Profile, *, entrypoint: str, manifest_digest: str) -> ServingPlan:
-    """The part of a profile a serving pod needs, as data for the runtime supervisor."""
-    envelope = profile.envelope
-    return ServingPlan(
-        entrypoint=entrypoint,
-        manifest_digest=manifest_digest,
-        ctx_total=profile.ctx_total,
-        concurrency=envelope.concurrency,
-        kv_key_type=str(envelope.kv_key_type),
-        kv_value_type=str(envelope.kv_value_type),
-        n_gpu_layers=profile.n_gpu_layers,
-        gpus=profile.gpus_per_replica,
-        split_mode=str(profile.split_mode),
-        tensor_split=tuple(profile.tensor_split),
-        batch_size=envelope.batch_size,
-        micro_batch_size=envelope.micro_batch_size,
-        flash_attention=str(envelope.flash_attention),
-        threads=envelope.threads,
     )

@@ -447,6 +447,11 @@ class GGUFInfo(KamaModel):
     """Attention heads."""
     head_count_kv: int | None = Field(default=None, ge=0, alias="headCountKV")
     """Key/value heads (grouped-query attention); the maximum when given per layer."""
+    head_count_kv_per_layer: list[Annotated[int, Field(ge=0)]] | None = Field(
+        default=None, max_length=MAX_LAYERS, alias="headCountKVPerLayer"
+    )
+    """Key/value heads of each layer, in layer order, when the file gives them per layer
+    (the planner sizes each layer's KV cache from them)."""
     head_dim_k: int | None = Field(default=None, ge=0)
     """Key head dimension."""
     head_dim_v: int | None = Field(default=None, ge=0)
@@ -476,6 +481,9 @@ class GGUFInfo(KamaModel):
             embedding_length=facts.n_embd,
             head_count=facts.n_head,
             head_count_kv=facts.n_head_kv,
+            head_count_kv_per_layer=None
+            if facts.n_head_kv_per_layer is None
+            else list(facts.n_head_kv_per_layer),
             head_dim_k=facts.head_dim_k,
             head_dim_v=facts.head_dim_v,
             expert_count=facts.n_expert,

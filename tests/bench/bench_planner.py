@@ -12,9 +12,12 @@ from pathlib import Path
 
 import httpx
 
+from kama.api import GGUFInfo
+from kama.deployment_plan import model_facts, serving_plan
 from kama.gguf import inspect_file
-from kama.memory import KVCacheType, ModelFacts, RuntimeEnvelope
-from kama.planner import NodeInventory, Placement, PlacementMode, llama_server_args, plan_placement
+from kama.memory import KVCacheType, RuntimeEnvelope
+from kama.node_inventory import NodeInventory
+from kama.planner import Placement, PlacementMode, plan_placement
 from kamadev.binaries import ensure_binaries
 from kamadev.gguf_factory import ModelShape, write_model
 from kamadev.processes import free_port
@@ -85,7 +88,8 @@ def test_cpu_estimate_vs_measured_peak_rss(tmp_path: Path) -> None:
     rows = []
     for index, shape in enumerate(SHAPES):
         path = write_model(tmp_path / f"m{index}.gguf", shape=shape)
-        model = ModelFacts.from_gguf(inspect_file(path))
+        # The production path: file → artifact status.gguf → ModelFacts.
+        model = model_facts(GGUFInfo.from_facts(inspect_file(path)))
         for context in CONTEXTS:
             envelope = RuntimeEnvelope(
                 context_size=context,
@@ -101,9 +105,8 @@ def test_cpu_estimate_vs_measured_peak_rss(tmp_path: Path) -> None:
             )
             assert plan.selected is not None, plan.fit_failed_message
             port = free_port()
-            args = llama_server_args(
-                plan.selected, envelope, model_path=str(path), host="127.0.0.1", port=port
-            )
+            served = serving_plan(profile=plan.selected, entrypoint=path.name, manifest_digest="")
+            args = served.llama_server_args(model_dir=str(path.parent), host="127.0.0.1", port=port)
             measured = measure(server=server, args=args, host="127.0.0.1", port=port)
             estimate = plan.selected.ram_bytes
             error = estimate - measured

@@ -1,4 +1,6 @@
-"""Tests for kama.planner and kama.memory: the pure placement planner and its estimator.
+"""Tests for kama.planner and kama.memory: the pure placement planner and its estimator,
+with its inputs (kama.quantities, kama.node_inventory, ModelFacts from the artifact's
+status) and its output as llama-server flags (the ServingPlan a serving pod runs).
 
 Placement is table-driven: synthetic 7B/13B/34B-like F16 models (tensor sizes laid out
 as llama.cpp's llama architecture has them) against H100 / L4 / A10 / RTX 4090 nodes.
@@ -16,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from kama.api import GGUFInfo
+from kama.deployment_plan import ArtifactNotUsable, model_facts, serving_plan
 from kama.gguf import inspect_file
 from kama.memory import (
     CUDA_CONTEXT_RESERVE_BYTES,
@@ -29,22 +33,18 @@ from kama.memory import (
     estimate_memory,
     kv_cache_bytes,
 )
+from kama.node_inventory import NodeInventory, Taint, node_from_k8s
 from kama.planner import (
-    NodeInventory,
     Placement,
     PlacementMode,
     PlacementPlan,
     PlacementPolicy,
+    Profile,
     ProfileMode,
     SplitMode,
-    Taint,
-    llama_server_args,
-    node_from_k8s,
-    parse_bytes,
-    parse_cpu_millicores,
-    parse_quantity,
     plan_placement,
 )
+from kama.quantities import parse_bytes, parse_cpu_millicores, parse_quantity
 from kamadev.gguf_factory import ModelShape, write_model
 
 GIB = 1 << 30
@@ -657,7 +657,7 @@ def test_envelope_validation(kwargs: dict[str, Any], error: str) -> None:
 def test_model_facts_from_generated_gguf(tmp_path: Path) -> None:
     shape = ModelShape(n_layer=3, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_ctx=512)
     facts = inspect_file(write_model(tmp_path / "m.gguf", shape=shape))
-    model = ModelFacts.from_gguf(facts)
+    model = model_facts(GGUFInfo.from_facts(facts))
     assert (model.n_layer, model.n_embd, model.n_head, model.n_head_kv) == (3, 64, 4, 2)
     assert (model.head_dim_k, model.head_dim_v, model.n_ctx_train) == (16, 16, 512)
     assert model.n_vocab == shape.n_vocab and model.n_ff == 128 and model.file_type == "F32"
@@ -677,9 +677,7 @@ def test_model_facts_from_generated_gguf(tmp_path: Path) -> None:
     _assert_envelope_echoed(plan, envelope)
     assert plan.selected is not None and plan.selected.mode is ProfileMode.CPU
     assert plan.selected.context_per_slot == 512
-    args = llama_server_args(
-        plan.selected, envelope, model_path="/models/m.gguf", host="10.0.0.7", port=8080
-    )
+    args = llama_server_args(plan.selected, model_dir="/models", host="10.0.0.7", port=8080)
     assert args[args.index("--ctx-size") + 1] == "512"
     assert args[args.index("--n-gpu-layers") + 1] == "0"
     assert "--split-mode" not in args
@@ -687,8 +685,23 @@ def test_model_facts_from_generated_gguf(tmp_path: Path) -> None:
 
 def test_model_facts_from_gguf_names_missing_facts(tmp_path: Path) -> None:
     facts = inspect_file(write_model(tmp_path / "m.gguf", shape=ModelShape()))
-    with pytest.raises(ValueError, match="n_ctx_train"):
-        ModelFacts.from_gguf(dataclasses.replace(facts, n_ctx_train=None))
+    with pytest.raises(ArtifactNotUsable, match="contextLength"):
+        model_facts(GGUFInfo.from_facts(dataclasses.replace(facts, n_ctx_train=None)))
+
+
+def test_model_facts_keep_per_layer_kv_heads(tmp_path: Path) -> None:
+    shape = ModelShape(n_layer=3, n_embd=64, n_head=4, n_head_kv=2, n_ctx=512)
+    uniform = inspect_file(write_model(tmp_path / "m.gguf", shape=shape))
+    varied = dataclasses.replace(uniform, n_head_kv_per_layer=(2, 1, 2))
+    status = GGUFInfo.from_facts(varied).model_dump(mode="json", by_alias=True)
+    assert status["headCountKVPerLayer"] == [2, 1, 2]
+    model = model_facts(GGUFInfo.model_validate(status))
+    assert model.n_head_kv == 2 and model.n_head_kv_per_layer == (2, 1, 2)
+    envelope = RuntimeEnvelope(context_size=512)
+    full = kv_cache_bytes(model=model_facts(GGUFInfo.from_facts(uniform)), envelope=envelope)
+    assert kv_cache_bytes(model=model, envelope=envelope) * 6 == full * 5
+    with pytest.raises(ArtifactNotUsable, match="headCountKVPerLayer has 2 entries for 3"):
+        model_facts(GGUFInfo.from_facts(dataclasses.replace(uniform, n_head_kv_per_layer=(2, 1))))
 
 
 # ---------------------------------------------------------------------------
@@ -842,6 +855,12 @@ def test_tolerations(toleration: tuple[str, str, str, str], tolerated: bool) -> 
 # llama-server flags
 
 
+def llama_server_args(profile: Profile, *, model_dir: str, host: str, port: int) -> list[str]:
+    """The flags a serving pod runs ``profile`` with: the production path, via ServingPlan."""
+    plan = serving_plan(profile=profile, entrypoint="m.gguf", manifest_digest="")
+    return plan.llama_server_args(model_dir=model_dir, host=host, port=port)
+
+
 def _flag(args: list[str], name: str) -> str:
     return args[args.index(name) + 1]
 
@@ -861,9 +880,7 @@ def test_args_multi_gpu() -> None:
     _assert_envelope_echoed(plan, envelope)
     profile = plan.selected
     assert profile is not None and profile.gpus_per_replica == 4
-    args = llama_server_args(
-        profile, envelope, model_path="/models/m.gguf", host="10.1.2.3", port=8080
-    )
+    args = llama_server_args(profile, model_dir="/models", host="10.1.2.3", port=8080)
     assert args[:6] == ["--model", "/models/m.gguf", "--host", "10.1.2.3", "--port", "8080"]
     assert _flag(args, "--ctx-size") == str(8192 * 4)
     assert _flag(args, "--parallel") == "4"
@@ -882,7 +899,7 @@ def test_args_multi_gpu() -> None:
 def test_args_single_gpu_and_cpu() -> None:
     plan = plan_placement(model=M7, envelope=CTX4K, placement=Placement(), nodes=(L4X1,))
     assert plan.selected is not None
-    args = llama_server_args(plan.selected, CTX4K, model_path="/m", host="h", port=1)
+    args = llama_server_args(plan.selected, model_dir="/m", host="h", port=1)
     assert _flag(args, "--split-mode") == "none" and "--tensor-split" not in args
     assert _flag(args, "--flash-attn") == "auto" and "--threads" not in args
     assert _flag(args, "--ctx-size") == "4096"
@@ -890,13 +907,5 @@ def test_args_single_gpu_and_cpu() -> None:
         model=M7, envelope=CTX4K, placement=Placement(mode=PlacementMode.CPU), nodes=(L4X1,)
     )
     assert cpu.selected is not None
-    args = llama_server_args(cpu.selected, CTX4K, model_path="/m", host="h", port=1)
+    args = llama_server_args(cpu.selected, model_dir="/m", host="h", port=1)
     assert _flag(args, "--n-gpu-layers") == "0" and "--split-mode" not in args
-
-
-def test_args_refuse_other_envelope() -> None:
-    plan = plan_placement(model=M7, envelope=CTX4K, placement=Placement(), nodes=(L4X1,))
-    assert plan.selected is not None
-    other = RuntimeEnvelope(context_size=2048)
-    with pytest.raises(ValueError, match="envelope differs"):
-        llama_server_args(plan.selected, other, model_path="/m", host="h", port=1)

@@ -23,7 +23,7 @@ from kama.deployment_plan import (
 )
 from kama.durations import parse_duration
 from kama.gguf import inspect_file
-from kama.memory import ModelFacts, estimate_memory
+from kama.memory import estimate_memory
 from kama.rollout import ObservedPod, plan_rollout
 from kama.serving_plan import ServingPlan
 from kama.serving_pod import ServingTemplate, serving_pod_manifest
@@ -159,10 +159,11 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_artifact_status_carries_what_the_planner_needs(generated: Path) -> None:
     facts = inspect_file(generated)
-    from_file = ModelFacts.from_gguf(facts)
     from_status = model_facts(
         GGUFInfo.model_validate(GGUFInfo.from_facts(facts).model_dump(by_alias=True))
     )
+    # The status groups tensor bytes by layer; the file's own tensors must estimate alike.
+    from_file = dataclasses.replace(from_status, tensor_bytes=facts.tensors)
     envelope = runtime_envelope(
         ModelDeploymentSpec.model_validate(
             {"modelRef": {"name": "m"}, "runtime": {"contextSize": 512, "concurrency": 4}}
