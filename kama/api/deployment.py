@@ -10,11 +10,12 @@ the `/scale` subresource for `kubectl scale` and KEDA.
 
 from __future__ import annotations
 
-from datetime import datetime
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Annotated, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
 from kama.api.cache import QUANTITY_PATTERN
 from kama.api.meta import (
@@ -26,6 +27,7 @@ from kama.api.meta import (
     SpecModel,
     cel,
 )
+from kama.durations import parse_duration
 from kama.memory import FlashAttention, KVCacheType
 from kama.planner import PlacementMode, PlacementPolicy
 
@@ -34,7 +36,8 @@ MODELDEPLOYMENT_PLURAL: Final = "modeldeployments"
 MODELDEPLOYMENT_SINGULAR: Final = "modeldeployment"
 MODELDEPLOYMENT_SHORT_NAME: Final = "md"
 
-DURATION_PATTERN: Final = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
+# at most 6 digits a number, so the API server's CEL `duration()` never overflows
+DURATION_PATTERN: Final = r"^([0-9]{1,6}(\.[0-9]{1,9})?(ms|s|m|h))+$"
 ALIAS_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,62}$"
 LABEL_KEY_PATTERN: Final = (
     r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
@@ -97,6 +100,13 @@ QUANTIZED_V_NEEDS_FLASH_ATTENTION: Final = CelRule(
     message="spec.runtime.kvCache.valueType: a quantized V cache needs flashAttention Auto or On",
     field_path=".kvCache.valueType",
 )
+CONCURRENCY_NEEDS_CONTEXT: Final = CelRule(
+    rule="self.concurrency == 1 || has(self.contextSize)",
+    message="spec.runtime.contextSize is required when spec.runtime.concurrency is above 1 "
+    "(the model's native context is per server, not per request)",
+    field_path=".contextSize",
+    reason="FieldValueRequired",
+)
 UBATCH_NOT_ABOVE_BATCH: Final = CelRule(
     rule="!has(self.batchSize) || !has(self.microBatchSize) || self.microBatchSize <= self.batchSize",
     message="spec.runtime.microBatchSize must not exceed spec.runtime.batchSize",
@@ -108,7 +118,9 @@ class Runtime(SpecModel):
     """How llama-server serves the model. Kama never lowers these to make it fit."""
 
     model_config = ConfigDict(
-        json_schema_extra=cel(QUANTIZED_V_NEEDS_FLASH_ATTENTION, UBATCH_NOT_ABOVE_BATCH)
+        json_schema_extra=cel(
+            QUANTIZED_V_NEEDS_FLASH_ATTENTION, UBATCH_NOT_ABOVE_BATCH, CONCURRENCY_NEEDS_CONTEXT
+        )
     )
 
     context_size: int | None = Field(default=None, ge=128, le=MAX_CONTEXT)
@@ -121,6 +133,12 @@ class Runtime(SpecModel):
     flash_attention: FlashAttention = FlashAttention.AUTO
     threads: int | None = Field(default=None, ge=1, le=1024)
     expert: ExpertKnobs = Field(default_factory=ExpertKnobs)
+
+    @model_validator(mode="after")
+    def _context_for_concurrency(self) -> Runtime:
+        if self.concurrency > 1 and self.context_size is None:
+            raise ValueError(CONCURRENCY_NEEDS_CONTEXT.message)
+        return self
 
 
 class Resources(SpecModel):
@@ -138,15 +156,58 @@ MIN_NOT_ABOVE_MAX: Final = CelRule(
 )
 
 
+def _duration_message(*, field: str, longest: str) -> str:
+    return f"spec.scaling.{field} must be a duration above 0 and at most {longest}"
+
+
+def _duration_check(*, field: str, longest: str) -> Callable[[str], str]:
+    """The Python side of the CEL rule below, with the same message."""
+    limit = parse_duration(longest)
+
+    def check(value: str) -> str:
+        if not timedelta(0) < parse_duration(value) <= limit:
+            raise ValueError(_duration_message(field=field, longest=longest))
+        return value
+
+    return check
+
+
+def _duration_field(*, field: str, longest: str) -> Any:
+    rule = CelRule(
+        rule=f"duration(self) > duration('0s') && duration(self) <= duration('{longest}')",
+        message=_duration_message(field=field, longest=longest),
+    )
+    return Field(max_length=32, pattern=DURATION_PATTERN, json_schema_extra=cel(rule))
+
+
+# an idle model may be kept up for a month; a request is not held (cold start) past an
+# hour — no HTTP client waits longer; a drain beyond a day is a stuck stream
+IdleTimeout = Annotated[
+    str,
+    _duration_field(field="idleTimeout", longest="720h"),
+    AfterValidator(_duration_check(field="idleTimeout", longest="720h")),
+]
+ColdStartTimeout = Annotated[
+    str,
+    _duration_field(field="coldStartTimeout", longest="1h"),
+    AfterValidator(_duration_check(field="coldStartTimeout", longest="1h")),
+]
+DrainTimeout = Annotated[
+    str,
+    _duration_field(field="drainTimeout", longest="24h"),
+    AfterValidator(_duration_check(field="drainTimeout", longest="24h")),
+]
+
+
 class Scaling(SpecModel):
     model_config = ConfigDict(json_schema_extra=cel(MIN_NOT_ABOVE_MAX))
 
     min_replicas: int = Field(default=0, ge=0, le=1000)
     max_replicas: int = Field(default=1, ge=1, le=1000)
-    idle_timeout: str = Field(default="10m", max_length=32, pattern=DURATION_PATTERN)
-    cold_start_timeout: str = Field(default="10m", max_length=32, pattern=DURATION_PATTERN)
+    idle_timeout: IdleTimeout = "10m"
+    cold_start_timeout: ColdStartTimeout = "10m"
     max_queued_requests: int = Field(default=100, ge=0, le=100000)
-    drain_timeout: str = Field(default="2m", max_length=32, pattern=DURATION_PATTERN)
+    drain_timeout: DrainTimeout = "2m"
 
 
 class ModelDeploymentSpec(SpecModel):

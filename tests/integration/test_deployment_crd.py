@@ -64,6 +64,23 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "spec.scaling.minReplicas",
     ),
     ("idle-timeout", with_path("scaling.idleTimeout", "ten minutes"), "spec.scaling.idleTimeout"),
+    # accepted before, then jammed the workflow (ValueError / OverflowError in its code)
+    (
+        "idle-timeout-overflow",
+        with_path("scaling.idleTimeout", "999999999999h"),
+        "spec.scaling.idleTimeout",
+    ),
+    ("idle-timeout-month", with_path("scaling.idleTimeout", "721h"), "spec.scaling.idleTimeout"),
+    (
+        "cold-start-zero",
+        with_path("scaling.coldStartTimeout", "0s"),
+        "spec.scaling.coldStartTimeout",
+    ),
+    (
+        "concurrency-without-context",
+        with_path("runtime.concurrency", 4),
+        "spec.runtime.contextSize",
+    ),
     ("gpu-resources", with_path("resources.nvidia.com/gpu", "1"), "spec.resources"),
     ("memory-quantity", with_path("resources.memory", "lots"), "spec.resources.memory"),
     ("no-model", {**deployment(), "spec": {"replicas": 1}}, "spec.modelRef"),
