@@ -169,13 +169,10 @@ class DeploymentDecision:
 
     @property
     def degraded_reason(self) -> str | None:
-        """Why the replica is not wholly on GPU; CPU is degraded even when asked for."""
+        """Why the replica is not placed as asked: a CPU or hybrid fallback from Auto/GPU.
+        CPU when `placement.mode: CPU` asks for it is not degraded."""
         selected = self.plan.selected
-        if selected is None:
-            return None
-        if selected.degraded_reason is None and selected.mode is ProfileMode.CPU:
-            return "CPU only, as placement.mode CPU asks"
-        return selected.degraded_reason
+        return None if selected is None else selected.degraded_reason
 
 
 def _profile_status(profile: Profile) -> dict[str, Any]:

@@ -230,14 +230,21 @@ def test_decision_prefers_gpu_and_templates_the_pod(generated: Path) -> None:
     assert decision.template.plan.manifest_digest == "cd" * 32 and decision.degraded_reason is None
 
 
-def test_decision_cpu_is_degraded_and_fit_failure_has_numbers(generated: Path) -> None:
+def test_decision_cpu_fallback_is_degraded_and_fit_failure_has_numbers(generated: Path) -> None:
+    auto = ModelDeploymentSpec.model_validate({"modelRef": {"name": "m"}})
+    decision = decide_deployment(
+        spec=auto, artifact=artifact_status(generated), nodes=[node("a", memory="8Gi")], image="i"
+    )
+    assert decision.degraded_reason and "CPU" in decision.degraded_reason
+    # CPU when CPU is what was asked is not degraded (only a fallback from the ask is)
     cpu = ModelDeploymentSpec.model_validate(
         {"modelRef": {"name": "m"}, "placement": {"mode": "CPU"}}
     )
-    decision = decide_deployment(
+    asked = decide_deployment(
         spec=cpu, artifact=artifact_status(generated), nodes=[node("a", memory="8Gi")], image="i"
     )
-    assert decision.degraded_reason and "CPU" in decision.degraded_reason
+    assert asked.profile is not None and asked.profile["mode"] == "CPU"
+    assert asked.degraded_reason is None
     huge = ModelDeploymentSpec.model_validate(
         {"modelRef": {"name": "m"}, "runtime": {"contextSize": 1 << 22, "concurrency": 64}}
     )
