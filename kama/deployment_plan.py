@@ -24,7 +24,7 @@ from kama.memory import (
 )
 from kama.node_inventory import node_from_k8s
 from kama.planner import Placement, PlacementPlan, Profile, ProfileMode, plan_placement
-from kama.serving_plan import ServingPlan
+from kama.serving_plan import ServingPlan, load_mode
 from kama.serving_pod import ServingTemplate
 
 MAX_REJECTED_IN_STATUS: Final = 64
@@ -247,6 +247,8 @@ def decide_deployment(
             manifest_digest=artifact.manifest_digest.removeprefix("sha256:"),
         ),
         drain_timeout_s=parse_duration(spec.scaling.drain_timeout).total_seconds(),
+        load_mode=load_mode(mlock=spec.runtime.expert.mlock, no_mmap=spec.runtime.expert.no_mmap),
+        cache_reuse=spec.runtime.expert.cache_reuse,
     )
     template = ServingTemplate(
         image=image,

@@ -14,6 +14,17 @@ LLAMA_PORT = 8080
 SUPERVISOR_PORT = 8081
 
 _FLASH_ATTN_FLAG = {"Auto": "auto", "On": "on", "Off": "off"}
+# HTTP threads beyond one per slot: the supervisor's /health probe, the gateways'
+# /metrics and /slots polls, and a drain's /slots reads must never wait behind requests
+HTTP_THREADS_BEYOND_SLOTS = 4
+
+
+def load_mode(*, mlock: bool, no_mmap: bool) -> str | None:
+    """`runtime.expert.mlock`/`noMmap` as the pinned llama.cpp's `--load-mode` (it has
+    no `--mlock`/`--no-mmap` flags any more); None keeps its default (mmap)."""
+    if mlock:
+        return "mlock" if no_mmap else "mmap+mlock"
+    return "none" if no_mmap else None
 
 
 @dataclass(frozen=True)
@@ -33,6 +44,8 @@ class ServingPlan:
     flash_attention: str = "Auto"
     threads: int | None = None
     drain_timeout_s: float = 120.0
+    load_mode: str | None = None  # --load-mode (runtime.expert.mlock / noMmap)
+    cache_reuse: int | None = None  # --cache-reuse (runtime.expert.cacheReuse)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -75,4 +88,9 @@ class ServingPlan:
         ]  # fmt: skip
         if self.threads is not None:
             args += ["--threads", str(self.threads)]
+        if self.load_mode is not None:
+            args += ["--load-mode", self.load_mode]
+        if self.cache_reuse is not None:
+            args += ["--cache-reuse", str(self.cache_reuse)]
+        args += ["--threads-http", str(self.concurrency + HTTP_THREADS_BEYOND_SLOTS)]
         return [*args, "--metrics", "--slots", "--no-context-shift", "--fit", "off"]

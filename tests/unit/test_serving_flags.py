@@ -1,0 +1,74 @@
+"""`runtime.expert` reaches llama-server, and every flag Kama renders exists in the
+pinned llama.cpp (checked against the vendored `common/arg.cpp` of the build that
+`deploy/local/build-llama.sh` made, so a renamed flag fails here, not in a pod)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kama.api.deployment import ModelDeploymentSpec
+from kama.deployment_plan import decide_deployment
+from kamadev.binaries import ensure_binaries
+from tests.unit.test_serving_plane_domain import artifact_status, generated, node
+
+__all__ = ["generated"]  # the fixture, imported for pytest
+
+
+def rendered(generated: Path, **runtime: Any) -> list[str]:
+    spec = ModelDeploymentSpec.model_validate(
+        {"modelRef": {"name": "m"}, "placement": {"mode": "CPU"}, "runtime": runtime}
+    )
+    decision = decide_deployment(
+        spec=spec, artifact=artifact_status(generated), nodes=[node("a", memory="8Gi")], image="i"
+    )
+    assert decision.template is not None
+    return decision.template.plan.llama_server_args(host="127.0.0.1")
+
+
+def flag_value(args: list[str], flag: str) -> str | None:
+    return args[args.index(flag) + 1] if flag in args else None
+
+
+@pytest.mark.parametrize(
+    ("expert", "load_mode"),
+    [
+        ({}, None),  # llama.cpp's default: mmap
+        ({"mlock": True}, "mmap+mlock"),
+        ({"noMmap": True}, "none"),
+        ({"mlock": True, "noMmap": True}, "mlock"),
+    ],
+)
+def test_expert_memory_knobs_reach_llama_server(
+    generated: Path, expert: dict[str, Any], load_mode: str | None
+) -> None:
+    assert flag_value(rendered(generated, expert=expert), "--load-mode") == load_mode
+
+
+def test_cache_reuse_and_http_threads(generated: Path) -> None:
+    args = rendered(generated, contextSize=512, concurrency=4, expert={"cacheReuse": 256})
+    assert flag_value(args, "--cache-reuse") == "256"
+    assert "--cache-reuse" not in rendered(generated)
+    # one HTTP thread per slot plus room for probes and metrics, never the default pool
+    http_threads = flag_value(args, "--threads-http")
+    assert http_threads is not None and int(http_threads) > 4
+
+
+def test_every_rendered_flag_exists_in_the_pinned_llama_cpp(generated: Path) -> None:
+    llama_bin = ensure_binaries().llama_bin
+    (arg_cpp,) = (llama_bin.parent / "src").glob("*/common/arg.cpp")
+    known = set(re.findall(r'"(--[a-z0-9-]+)"', arg_cpp.read_text(errors="replace")))
+    args = rendered(
+        generated,
+        contextSize=512,
+        concurrency=2,
+        batchSize=512,
+        microBatchSize=256,
+        threads=2,
+        expert={"mlock": True, "cacheReuse": 64},
+    )
+    flags = [a for a in args if a.startswith("--")]
+    assert flags and set(flags) <= known, sorted(set(flags) - known)
