@@ -29,31 +29,15 @@ from activities.storage import (
 )
 from kama.api import GGUFInfo
 from kama.cache_layout import Manifest, ManifestFile, artifact_digest, blob_dir, staging_dir
-from kama.gguf import (
-    InvalidGGUF,
-    MissingShard,
-    check_shard_set,
-    facts_from_header,
-    facts_from_shard_set,
-    read_header,
-)
+from kama.gguf import InvalidGGUF, MissingShard, inspect_files
 
 
 def gguf_facts(directory: Path, files: list[DownloadedFile]) -> dict[str, Any]:
-    headers = []
-    for f in files:
-        if not f.path.endswith(".gguf"):
-            continue
-        path = directory / f.path
-        with path.open("rb") as fh:
-            headers.append(read_header(fh, file_size=path.stat().st_size))
-    if not headers:
+    """The artifact status's GGUF facts, one header in memory at a time."""
+    paths = [directory / f.path for f in files if f.path.endswith(".gguf")]
+    if not paths:
         raise InvalidGGUF("the artifact holds no .gguf file")
-    if len(headers) > 1:
-        check_shard_set(headers)
-        facts = facts_from_shard_set(headers)
-    else:
-        facts = facts_from_header(headers[0])
+    facts = inspect_files(paths)
     return GGUFInfo.from_facts(facts).model_dump(mode="json", by_alias=True, exclude_none=True)
 
 

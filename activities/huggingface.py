@@ -38,6 +38,7 @@ from activities.storage import (
     download_resumable,
     staged_file,
 )
+from kama.cache_layout import InvalidPath
 from kama.gguf import MissingShard
 from kama.sources import FileSelectionError, SourceFile, entrypoint, select_files
 
@@ -110,9 +111,14 @@ class HuggingFaceActivities:
         )
         headers = build_hf_headers(token=_token(source), library_name="kama")
         headers["Accept-Encoding"] = "identity"
-        target = staged_file(
-            root=Path(request.cache_root), operation_id=request.operation_id, path=request.file.path
-        )
+        try:
+            target = staged_file(
+                root=Path(request.cache_root),
+                operation_id=request.operation_id,
+                path=request.file.path,
+            )
+        except InvalidPath as exc:  # resolve refuses these; a retry could not fix one either
+            raise _unavailable(str(exc)) from None
         last_beat = 0.0
 
         def progress(done: int) -> None:

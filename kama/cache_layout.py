@@ -26,6 +26,10 @@ STAGING_DIR = ".kama/staging"
 BLOBS_DIR = "blobs/sha256"
 MANIFEST_NAME = "manifest.json"
 READY_NAME = "READY"
+READY_TMP_NAME = f".{READY_NAME}.tmp"  # READY is written here first, then renamed
+# Names Kama writes into a blob directory itself, so an artifact's own files may not
+# take them (a source's file by one of these names would be overwritten on publish).
+RESERVED_NAMES = frozenset({MANIFEST_NAME, READY_NAME, READY_TMP_NAME})
 MANIFEST_SCHEMA = "kama.dev/manifest/v1"
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")

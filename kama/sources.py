@@ -1,11 +1,21 @@
 """Which files of a source make up an artifact: exact names, or one shard pattern
-expanded against the repository's listing and checked for completeness. Pure."""
+expanded against the repository's listing and checked for completeness. Pure.
+
+The names come from the source (a Hub listing, a directory on a claim) and become
+paths in the cache, so each chosen name is checked here, when the source is resolved:
+it must be a plain relative path (no ``..``, absolute path, backslash or empty part)
+and must not be a name Kama writes into the blob itself (``manifest.json``, ``READY``).
+Refused here, the import fails at once with a message naming the file; found later, a
+download would retry forever or a publish would overwrite the model's own file.
+"""
 
 from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 
+from kama.cache_layout import RESERVED_NAMES, InvalidPath, safe_relative_path
 from kama.gguf import MissingShard, parse_shard_name
 
 MAX_FILES = 128
@@ -49,8 +59,24 @@ def select_files(*, requested: list[str], available: list[SourceFile]) -> list[S
         names = sorted(set(requested))
     if len(names) > MAX_FILES:
         raise FileSelectionError(f"files: {len(names)} files selected, at most {MAX_FILES} allowed")
+    for name in names:
+        _check_name(name)
     _check_shards(names)
     return [by_path[n] for n in names]
+
+
+def _check_name(name: str) -> None:
+    """Refuse a name that could leave the artifact's directory or collide with Kama's own
+    files. The base name is what counts: a claim's files are copied in under it."""
+    try:
+        safe_relative_path(name)
+    except InvalidPath as exc:
+        raise FileSelectionError(f"files: the source's file {name!r} is refused: {exc}") from None
+    if PurePosixPath(name).name in RESERVED_NAMES:
+        raise FileSelectionError(
+            f"files: the source's file {name!r} is refused: Kama writes a file of that name "
+            f"next to the model ({', '.join(sorted(RESERVED_NAMES))} are reserved)"
+        )
 
 
 def _check_shards(names: list[str]) -> None:

@@ -280,3 +280,89 @@ def write_bad_tensor_offset(path: Path, *, shape: ModelShape) -> Path:
         f.seek(position)
         f.write(struct.pack("<Q", beyond))
     return path
+
+
+# Raw headers --------------------------------------------------------------------------
+# ``gguf.GGUFWriter`` refuses what a hostile file does on purpose (negative counts,
+# absurd lengths, millions of tensors), so the inspector's bounds are tested with bytes
+# put together here, field by field, exactly as the GGUF v3 layout prescribes.
+
+_RAW_SCALARS: dict[gguf.GGUFValueType, str] = {
+    gguf.GGUFValueType.UINT8: "B",
+    gguf.GGUFValueType.INT8: "b",
+    gguf.GGUFValueType.UINT16: "H",
+    gguf.GGUFValueType.INT16: "h",
+    gguf.GGUFValueType.UINT32: "I",
+    gguf.GGUFValueType.INT32: "i",
+    gguf.GGUFValueType.FLOAT32: "f",
+    gguf.GGUFValueType.BOOL: "?",
+    gguf.GGUFValueType.UINT64: "Q",
+    gguf.GGUFValueType.INT64: "q",
+    gguf.GGUFValueType.FLOAT64: "d",
+}
+
+
+def raw_string(value: str | bytes) -> bytes:
+    """A GGUF string: uint64 length, then the bytes (UTF-8 for ``str``)."""
+    data = value.encode() if isinstance(value, str) else value
+    return struct.pack("<Q", len(data)) + data
+
+
+def raw_kv(key: str, value_type: gguf.GGUFValueType, value: int | float | str) -> bytes:
+    """One metadata entry holding a scalar or a string, packed as ``value_type`` says."""
+    head = raw_string(key) + struct.pack("<I", int(value_type))
+    if value_type == gguf.GGUFValueType.STRING:
+        return head + raw_string(str(value))
+    return head + struct.pack("<" + _RAW_SCALARS[value_type], value)
+
+
+def raw_array_kv(
+    key: str, element_type: gguf.GGUFValueType, *, count: int, payload: bytes
+) -> bytes:
+    """One array entry claiming ``count`` elements, followed by ``payload`` as given
+    (which may hold fewer or more bytes than the claim, to build broken files)."""
+    head = raw_string(key) + struct.pack("<I", int(gguf.GGUFValueType.ARRAY))
+    return head + struct.pack("<IQ", int(element_type), count) + payload
+
+
+def raw_tensor_info(name: str | bytes, dims: tuple[int, ...], ggml_type: int, offset: int) -> bytes:
+    """One tensor-info record (``dims`` in ggml order, ``offset`` relative to the data)."""
+    return (
+        raw_string(name)
+        + struct.pack(f"<I{len(dims)}Q", len(dims), *dims)
+        + struct.pack("<IQ", ggml_type, offset)
+    )
+
+
+def raw_gguf(
+    *,
+    kvs: list[bytes],
+    tensor_infos: list[bytes] | None = None,
+    n_tensors: int | None = None,
+    n_kv: int | None = None,
+    data_bytes: int = 0,
+    alignment: int = 32,
+) -> bytes:
+    """A GGUF v3 file: header, the given entries, padding to ``alignment`` and
+    ``data_bytes`` zero bytes of tensor data. The counts default to the entries given."""
+    infos = tensor_infos or []
+    header = b"".join(
+        [
+            b"GGUF",
+            struct.pack(
+                "<IQQ",
+                3,
+                len(infos) if n_tensors is None else n_tensors,
+                len(kvs) if n_kv is None else n_kv,
+            ),
+            *kvs,
+            *infos,
+        ]
+    )
+    return header + b"\0" * (-len(header) % alignment + data_bytes)
+
+
+def write_raw(path: Path, data: bytes) -> Path:
+    """Write ``data`` (e.g. from ``raw_gguf``) to ``path`` and return it."""
+    path.write_bytes(data)
+    return path

@@ -2,6 +2,8 @@
 
 Model files are untrusted input, so no mutation, truncation or random byte string may
 escape as another exception type, hang, or make the parser allocate what the header claims.
+The facts of whatever parses must either be refused (InvalidGGUF, MissingShard) or fit
+the artifact's status: a ValidationError there would make the import retry forever.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kama.gguf import GGUFHeader, InvalidGGUF, read_header
+from kama.api import GGUFInfo
+from kama.gguf import GGUFHeader, InvalidGGUF, MissingShard, facts_from_header, read_header
 from kamadev.gguf_factory import ModelShape, write_model
 
 FUZZ = settings(
@@ -76,6 +79,27 @@ def test_overwritten_fields(pos: int, value: int, width: int) -> None:
     start = pos % (header_end - width)
     buf[start : start + width] = bytes([value]) * width
     _parse_or_invalid(bytes(buf))
+
+
+@FUZZ
+@given(
+    pos=st.integers(min_value=0),
+    value=st.sampled_from([0x00, 0x7F, 0x80, 0xFF]),
+    width=st.sampled_from([1, 2, 4, 8]),
+)
+def test_facts_of_overwritten_fields_fit_a_status(pos: int, value: int, width: int) -> None:
+    data, header_end = _valid()
+    buf = bytearray(data)
+    start = pos % (header_end - width)
+    buf[start : start + width] = bytes([value]) * width
+    header = _parse_or_invalid(bytes(buf))
+    if header is None:
+        return
+    try:
+        facts = facts_from_header(header)
+    except (InvalidGGUF, MissingShard):
+        return
+    GGUFInfo.from_facts(facts)
 
 
 @FUZZ

@@ -17,6 +17,8 @@ from typing import BinaryIO
 import gguf
 import pytest
 
+from activities.cache import gguf_facts
+from activities.models import DownloadedFile
 from kama.gguf import (
     GGML_TYPES,
     GGUFHeader,
@@ -289,8 +291,29 @@ def test_complete_shard_set_passes_and_merges(tmp_path: Path) -> None:
         len(single.tensors),
     )
     assert facts.n_layer == SMALL.n_layer and facts.architecture == "llama"
-    later = facts_from_header(headers[1])
-    assert later.architecture is None and later.split_no == 1 and later.n_layer is None
+
+
+@pytest.mark.parametrize("no", [0, 1, 2])
+def test_a_lone_shard_is_not_a_model(tmp_path: Path, no: int) -> None:
+    """One file that says it is shard k of 3 is not a complete model, whichever k."""
+    path = write_shards(tmp_path, stem="m", shape=SMALL, n_shards=3)[no]
+    missing = tuple(n for n in (1, 2, 3) if n != no + 1)
+    for inspect in (
+        lambda: facts_from_header(_header(path)),
+        lambda: inspect_file(path),
+        lambda: gguf_facts(
+            tmp_path, [DownloadedFile(path=path.name, size=path.stat().st_size, sha256="0" * 64)]
+        ),
+    ):
+        with pytest.raises(MissingShard, match="missing shard") as info:
+            inspect()
+        assert info.value.missing == missing
+
+
+def test_a_one_file_split_set_is_a_model(tmp_path: Path) -> None:
+    (path,) = write_shards(tmp_path, stem="m", shape=SMALL, n_shards=1)
+    facts = inspect_file(path)
+    assert (facts.split_no, facts.split_count) == (0, 1) and facts.n_layer == SMALL.n_layer
 
 
 def test_single_unsplit_file_is_a_complete_set(tmp_path: Path) -> None:
