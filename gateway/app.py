@@ -4,17 +4,28 @@ Public routes are OpenAI's (`/v1/chat/completions`, `/v1/completions`,
 `/v1/embeddings`, `/v1/models`) and llama-server's native inference routes
 (`/completion`, `/tokenize`, `/detokenize`, `/infill`, with the model from the
 `X-Kama-Model` header or a `/models/<ns>/<name>/...` path). llama-server's admin
-and lifecycle routes are refused. The lifespan creates the shared httpx client, the
-Temporal client and the watches that keep the model registry, and runs the
-backend-load poller and the demand reporter."""
+and lifecycle routes are refused. Inference takes the lean path
+(`gateway.inference`); the model list and every refusal are a FastAPI app.
+
+Operational routes (`/metrics`, `/healthz`, `/readyz`) are a second FastAPI app on a
+port of their own, so pod names and model keys are not served to clients. The
+public port has no health route: Kubernetes probes and load-balancer health checks
+can name the operational port, and the gateway's liveness does not depend on which
+port answers (a listener that dies ends the process). Neither app serves OpenAPI
+documents or redirects a missing slash (a redirect's Location would be built from
+the client's Host).
+
+The lifespan connects the clients it is handed factories for (Kubernetes, Temporal),
+creates the upstream pool, starts the watches that keep the model registry, and runs
+the backend-load poller and the demand reporter."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,12 +39,13 @@ from temporalio.client import Client
 
 from gateway.backend_load import poll_backend_load
 from gateway.demand import report_demand
-from gateway.errors import GatewayError
-from gateway.inference import GatewayHandler
+from gateway.errors import GatewayError, server_refusal
+from gateway.inference import InferenceRoutes
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, Proxy
 from gateway.registry import ModelRegistry
-from gateway.upstream import UpstreamTransport
+from gateway.transport.front import PublicFront
+from gateway.transport.upstream import UpstreamTransport
 from gateway.wake import Waker
 from kama.api import GROUP, VERSION
 from kama.config import Settings
@@ -43,7 +55,7 @@ from watcher.watch import WatchHealth, WatchTarget, as_dicts, start_watch
 
 log = logging.getLogger("kama.gateway")
 
-ADMIN_PATHS = ("/slots", "/props", "/models/load", "/models/unload", "/lora-adapters", "/metrics/")
+ADMIN_PATHS = ("/slots", "/props", "/models/load", "/models/unload", "/lora-adapters", "/metrics")
 UPSTREAM_KEEPALIVE_EXPIRY_S = 2.0  # below llama-server's 5 s, so a pooled connection is never stale
 UPSTREAM_TIMEOUT = httpx.Timeout(
     connect=CONNECT_TIMEOUT_S, read=READ_TIMEOUT_S, write=30.0, pool=30.0
@@ -58,13 +70,29 @@ class GatewayState:
     health: WatchHealth
 
 
-def _gateway_state(app: FastAPI) -> GatewayState:
-    state: GatewayState = app.state.gateway
-    return state
+class GatewayHolder:
+    """The state the lifespan creates (clients, registry, proxy), for the routes of
+    both apps: one state behind two ports, where one app would keep it on `app.state`."""
+
+    def __init__(self) -> None:
+        self.current: GatewayState | None = None
+
+    @property
+    def state(self) -> GatewayState:
+        if self.current is None:
+            raise RuntimeError("the gateway's lifespan has not started")
+        return self.current
 
 
-def _state(request: Request) -> GatewayState:
-    return _gateway_state(request.app)
+@dataclass(frozen=True)
+class GatewayApp:
+    """What the server runs: the public port's front, the operational port's app,
+    and the lifespan around both."""
+
+    public: PublicFront
+    ops: FastAPI
+    lifespan: Callable[[], AbstractAsyncContextManager[None]]
+    holder: GatewayHolder
 
 
 def start_watches(
@@ -97,43 +125,9 @@ def start_watches(
         start_watch(target=target, on_object=on_object, stop=stop, health=health)
 
 
-def create_app(*, settings: Settings, api_factory: Callable[[], k8s.ApiClient]) -> GatewayHandler:
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        metrics, health = GatewayMetrics(), WatchHealth()
-        registry = ModelRegistry(on_pod_gone=metrics.forget_pod)
-        stop = threading.Event()
-        transport = UpstreamTransport(keepalive_expiry=UPSTREAM_KEEPALIVE_EXPIRY_S)
-        async with httpx.AsyncClient(transport=transport, timeout=UPSTREAM_TIMEOUT) as http:
-            temporal = await Client.connect(
-                settings.temporal_address, namespace=settings.temporal_namespace
-            )
-            waker = Waker(
-                client=temporal,
-                task_queue=settings.control_queue,
-                metrics=metrics,
-                registry=registry,
-                http=http,
-            )
-            app.state.gateway = GatewayState(
-                registry=registry,
-                proxy=Proxy(registry=registry, upstream=transport, waker=waker, metrics=metrics),
-                metrics=metrics,
-                health=health,
-            )
-            start_watches(api=api_factory(), registry=registry, health=health, stop=stop)
-            background = [
-                asyncio.create_task(poll_backend_load(registry=registry, http=http)),
-                asyncio.create_task(report_demand(registry=registry, client=temporal)),
-            ]
-            try:
-                yield
-            finally:
-                stop.set()
-                for task in background:
-                    task.cancel()
-
-    app = FastAPI(title="Kama gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+def _refusals(app: FastAPI, *, admin_paths: tuple[str, ...]) -> None:
+    """Every answer FastAPI gives on its own (404, 405) in the OpenAI shape, and a
+    403 for llama-server's admin routes (`admin_paths`)."""
 
     @app.exception_handler(GatewayError)
     async def gateway_error(_request: Request, exc: GatewayError) -> JSONResponse:
@@ -141,35 +135,29 @@ def create_app(*, settings: Settings, api_factory: Callable[[], k8s.ApiClient]) 
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        if request.url.path.startswith(ADMIN_PATHS) or request.url.path == "/props":
+        if admin_paths and request.url.path.startswith(admin_paths):
             return GatewayError(
                 403, "llama-server admin routes are not served by the gateway", code="forbidden"
             ).response()
         message = f"no route {request.method} {request.url.path}"
         return GatewayError(exc.status_code, message, code="not_found").response()
 
-    @app.get("/healthz")
-    async def healthz(request: Request) -> JSONResponse:
-        alive = _state(request).health.alive()
-        return JSONResponse({"status": "ok" if alive else "watch died"}, 200 if alive else 503)
 
-    @app.get("/readyz")
-    async def readyz(request: Request) -> JSONResponse:
-        health = _state(request).health
-        ready = health.ready()
-        return JSONResponse(
-            {"ready": ready, "watches": health.report()}, status_code=200 if ready else 503
-        )
+def _fastapi(title: str, *, admin_paths: tuple[str, ...] = ()) -> FastAPI:
+    app = FastAPI(
+        title=title, docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False
+    )
+    _refusals(app, admin_paths=admin_paths)
+    return app
 
-    @app.get("/metrics")
-    async def metrics(request: Request) -> Response:
-        return Response(
-            generate_latest(_state(request).metrics.registry), media_type=CONTENT_TYPE_LATEST
-        )
+
+def public_app(holder: GatewayHolder) -> FastAPI:
+    """The public port's routes besides inference."""
+    app = _fastapi("Kama gateway", admin_paths=ADMIN_PATHS)
 
     @app.get("/v1/models")
-    async def list_models(request: Request) -> dict[str, Any]:
-        models = sorted(_state(request).registry.models.values(), key=lambda m: m.key)
+    async def list_models() -> dict[str, Any]:
+        models = sorted(holder.state.registry.models.values(), key=lambda m: m.key)
         return {
             "object": "list",
             "data": [
@@ -185,4 +173,86 @@ def create_app(*, settings: Settings, api_factory: Callable[[], k8s.ApiClient]) 
             ],
         }
 
-    return GatewayHandler(app=app, proxy=lambda: _gateway_state(app).proxy)
+    return app
+
+
+def ops_app(holder: GatewayHolder) -> FastAPI:
+    """The operational port: liveness (every watch alive), readiness (every watch
+    listed and connected) and metrics."""
+    app = _fastapi("Kama gateway operations")
+
+    @app.get("/healthz")
+    async def healthz() -> JSONResponse:
+        alive = holder.state.health.alive()
+        return JSONResponse({"status": "ok" if alive else "watch died"}, 200 if alive else 503)
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        health = holder.state.health
+        ready = health.ready()
+        return JSONResponse(
+            {"ready": ready, "watches": health.report()}, status_code=200 if ready else 503
+        )
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(
+            generate_latest(holder.state.metrics.registry), media_type=CONTENT_TYPE_LATEST
+        )
+
+    return app
+
+
+def create_app(
+    *,
+    settings: Settings,
+    api_factory: Callable[[], k8s.ApiClient],
+    temporal_factory: Callable[[], Awaitable[Client]],
+) -> GatewayApp:
+    holder = GatewayHolder()
+
+    @asynccontextmanager
+    async def lifespan() -> AsyncIterator[None]:
+        metrics, health = GatewayMetrics(), WatchHealth()
+        registry = ModelRegistry(metrics=metrics)
+        stop = threading.Event()
+        transport = UpstreamTransport(keepalive_expiry=UPSTREAM_KEEPALIVE_EXPIRY_S)
+        async with httpx.AsyncClient(transport=transport, timeout=UPSTREAM_TIMEOUT) as http:
+            temporal = await temporal_factory()
+            waker = Waker(
+                client=temporal,
+                task_queue=settings.control_queue,
+                metrics=metrics,
+                registry=registry,
+                http=http,
+            )
+            holder.current = GatewayState(
+                registry=registry,
+                proxy=Proxy(registry=registry, upstream=transport, waker=waker),
+                metrics=metrics,
+                health=health,
+            )
+            start_watches(api=api_factory(), registry=registry, health=health, stop=stop)
+            background = [
+                asyncio.create_task(poll_backend_load(registry=registry, http=http)),
+                asyncio.create_task(report_demand(registry=registry, client=temporal)),
+            ]
+            try:
+                yield
+            finally:
+                stop.set()
+                for task in background:
+                    task.cancel()
+
+    public, ops = build_apps(holder)
+    return GatewayApp(public=public, ops=ops, lifespan=lifespan, holder=holder)
+
+
+def build_apps(holder: GatewayHolder) -> tuple[PublicFront, FastAPI]:
+    """The public port's front and the operational port's app, over one state."""
+    public = PublicFront(
+        lean=InferenceRoutes(proxy=lambda: holder.state.proxy),
+        app=public_app(holder),
+        refusal=server_refusal,
+    )
+    return public, ops_app(holder)

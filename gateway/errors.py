@@ -7,13 +7,13 @@ import json
 
 from fastapi.responses import JSONResponse
 
-JSON_CONTENT_TYPE = (b"content-type", b"application/json")
-# what the gateway's server refuses before a request reaches a route
+from gateway.transport.exchange import Headers
+
+JSON_CONTENT_TYPE = ("content-type", "application/json")
+# what the server front refuses before a request reaches a route
 SERVER_REFUSAL_CODES = {
-    400: "invalid_request",
     408: "request_timeout",
     413: "body_too_large",
-    431: "head_too_large",
     500: "internal_error",
 }
 
@@ -40,11 +40,11 @@ class GatewayError(Exception):
             "error": {"message": self.message, "type": self.type, "param": None, "code": self.code}
         }
 
-    def encoded(self) -> tuple[list[tuple[bytes, bytes]], bytes]:
-        """Headers and body for the gateway's own server."""
+    def encoded(self) -> tuple[Headers, bytes]:
+        """Headers and body for the lean path's `Reply`."""
         headers = [JSON_CONTENT_TYPE]
         if self.retry_after_s is not None:
-            headers.append((b"retry-after", str(self.retry_after_s).encode()))
+            headers.append(("retry-after", str(self.retry_after_s)))
         return headers, json.dumps(self.shape()).encode()
 
     def response(self) -> JSONResponse:
@@ -52,7 +52,7 @@ class GatewayError(Exception):
         return JSONResponse(self.shape(), status_code=self.status, headers=headers)
 
 
-def server_refusal(status: int, message: str) -> tuple[list[tuple[bytes, bytes]], bytes]:
-    """The server's own refusals (malformed, too large, too slow) in the same shape."""
+def server_refusal(status: int, message: str) -> tuple[Headers, bytes]:
+    """The server front's own refusals (too large, too slow, failed) in the same shape."""
     kind = "api_error" if status >= 500 else "invalid_request_error"
     return GatewayError(status, message, type=kind, code=SERVER_REFUSAL_CODES.get(status)).encoded()

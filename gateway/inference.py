@@ -1,28 +1,25 @@
-"""The inference routes, served straight from the gateway's server.
+"""The inference routes, the gateway's lean path.
 
-Every proxied request pays for whatever sits on this path, and FastAPI's routing,
-dependency solving and middleware stack (or any ASGI round trip) cost more per
-request than the proxying itself. So the routes that carry inference (`/v1/chat/completions`,
-`/v1/completions`, `/v1/embeddings`, and llama-server's native `/completion`,
-`/tokenize`, `/detokenize`, `/infill`, plain or under `/models/<ns>/<name>/`) are
-matched here and handed to the proxy; everything else (model list, health,
-metrics, and the 403/404 answers for llama-server's admin routes) is FastAPI's."""
+Every proxied request pays for whatever sits on its path, and FastAPI's routing,
+validation and middleware cost more per request than the proxying itself. So the
+routes that carry inference (`/v1/chat/completions`, `/v1/completions`,
+`/v1/embeddings`, and llama-server's native `/completion`, `/tokenize`,
+`/detokenize`, `/infill`, plain or under `/models/<ns>/<name>/`) are matched here
+and handed to the proxy by the server front; everything else (the model list and
+the refusals of unknown and llama-server admin routes) is FastAPI's."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.types import ASGIApp
-
-from gateway.asgi_bridge import call_asgi
 from gateway.errors import GatewayError
-from gateway.proxy import Proxy, Relay
+from gateway.metrics import GatewayMetrics
+from gateway.proxy import Proxy
 from gateway.registry import Model, ModelRegistry
-from gateway.responder import Request, Responder
+from gateway.transport.exchange import Handler, Reply, Request
 
 OPENAI_ROUTES = {
     "/v1/chat/completions": "chat",
@@ -30,7 +27,7 @@ OPENAI_ROUTES = {
     "/v1/embeddings": "embeddings",
 }
 NATIVE_ROUTES = frozenset({"completion", "tokenize", "detokenize", "infill"})
-MODEL_HEADER = b"x-kama-model"
+MODEL_HEADER = "x-kama-model"
 CLIENT_CLOSED = "499"  # the client left before an answer started (nginx's code)
 
 
@@ -78,61 +75,65 @@ def resolve(registry: ModelRegistry, name: object) -> Model:
 
 
 async def serve_inference(
-    *, proxy: Proxy, route: InferenceRoute, request: Request, responder: Responder
+    *, proxy: Proxy, metrics: GatewayMetrics, route: InferenceRoute, request: Request, reply: Reply
 ) -> None:
-    """Proxy one inference request. If the client disconnects, the server cancels
-    this: waiting for a replica at zero, waiting for an answer and relaying a stream
-    all stop, and the upstream connection is closed under llama-server."""
+    """Proxy one inference request and count its answer. If the client disconnects,
+    the front cancels this: waiting for a replica at zero, waiting for an answer and
+    relaying a stream all stop, and the upstream connection is closed under
+    llama-server."""
     model: Model | None = None
-    relay: Relay | None = None
     try:
         fields = parse_object(request.body)
         if route.model_from_path is not None:
             name: object = route.model_from_path
         elif route.model_from_header:
-            name = next((v for k, v in request.headers if k == MODEL_HEADER), b"").decode("latin-1")
+            name = request.headers.get(MODEL_HEADER, "")
         else:
             name = fields.get("model")
         model = resolve(proxy.registry, name)
-        relay = await proxy.forward(
+        await proxy.forward(
             model=model,
             method=request.method,
             path=route.upstream_path,
             body=request.body,
             headers=request.headers,
             route=route.route,
+            reply=reply,
         )
-        await relay.send_to(responder)
     except GatewayError as exc:
-        if model is not None:
-            proxy.metrics.count_request(model=model.key, route=route.route, code=str(exc.status))
         headers, body = exc.encoded()
-        responder.send_whole(exc.status, headers, body)
-    except (asyncio.CancelledError, ConnectionError):
-        if not responder.client_gone:
-            raise
-        task = asyncio.current_task()
-        if task is not None:
-            task.uncancel()  # the client left: what it was waiting for is already undone
-        if model is not None and relay is None:  # a relay counts its own answer
-            proxy.metrics.count_request(model=model.key, route=route.route, code=CLIENT_CLOSED)
+        reply.send(exc.status, headers, body)
+    finally:
+        if model is not None:
+            if reply.status:
+                code = str(reply.status)
+            else:  # no answer yet: the client left, or the front answers the failure
+                code = CLIENT_CLOSED if reply.client_gone else "500"
+            metrics.count_request(model=model.key, route=route.route, code=code)
 
 
-@dataclass
-class GatewayHandler:
-    """What the server calls per request: inference POSTs go to the proxy, the rest
-    to the FastAPI app. The proxy is looked up per request because the app's
-    lifespan creates it."""
+@dataclass(frozen=True)
+class InferenceRoutes:
+    """The front's `LeanRoutes`: inference POSTs get a handler, the rest None. The
+    proxy is looked up per request because the lifespan creates it."""
 
-    app: ASGIApp
     proxy: Callable[[], Proxy]
 
-    async def __call__(self, request: Request, responder: Responder) -> None:
-        if request.method == "POST":
-            route = match_inference(request.path)
-            if route is not None:
-                await serve_inference(
-                    proxy=self.proxy(), route=route, request=request, responder=responder
-                )
-                return
-        await call_asgi(self.app, request, responder)
+    def __call__(self, method: str, path: str) -> Handler | None:
+        if method != "POST":
+            return None
+        route = match_inference(path)
+        if route is None:
+            return None
+
+        async def handle(request: Request, reply: Reply) -> None:
+            proxy = self.proxy()
+            await serve_inference(
+                proxy=proxy,
+                metrics=proxy.registry.metrics,
+                route=route,
+                request=request,
+                reply=reply,
+            )
+
+        return handle

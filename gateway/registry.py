@@ -4,17 +4,24 @@ ModelDeployments give names, aliases, scaling limits and the reason a model is n
 serving; Kama's serving pods give endpoints (ready, not draining, not deleting,
 with an IP and a slot count from their serving plan). Watch threads hand objects
 to `apply_*` on the event loop; request handlers read. Waiters for a model at
-zero are woken when its first endpoint appears."""
+zero are woken when its first endpoint appears.
+
+A request takes its replica with `acquire`, which picks one and counts the request
+in flight there (and in the model, and in the metrics) and hands back a `Lease`; the
+lease's `release` is the only way those counts go down, and the proxy calls it once,
+in a `finally` (kubeai's `AwaitBestAddress` returns its `done` the same way)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from gateway.metrics import GatewayMetrics, RequestSeries
+from gateway.routing import choose_endpoint
 from kama.durations import parse_duration
 from kama.serving_pod import DEPLOYMENT_LABEL, DRAINING_LABEL
 
@@ -110,9 +117,28 @@ def _reason(status: dict[str, Any]) -> str:
     return str(status.get("reason") or "")
 
 
+@dataclass(eq=False, slots=True)
+class Lease:
+    """One request's place on one replica, from `ModelRegistry.acquire` to `release`."""
+
+    model: Model
+    endpoint: Endpoint
+    series: RequestSeries
+    released: bool = False
+
+    def release(self) -> None:
+        """The request is over (answered, failed or abandoned); a second call does nothing."""
+        if self.released:
+            return
+        self.released = True
+        self.endpoint.in_flight -= 1
+        self.model.in_flight -= 1
+        self.series.end()
+
+
 class ModelRegistry:
-    def __init__(self, *, on_pod_gone: Callable[[str, str], None] | None = None) -> None:
-        self._on_pod_gone = on_pod_gone  # (model key, pod name): its metrics can go
+    def __init__(self, *, metrics: GatewayMetrics | None = None) -> None:
+        self.metrics = metrics or GatewayMetrics()
         self.models: dict[str, Model] = {}
         self._pods: dict[str, tuple[str, dict[str, Any]]] = {}  # ns/pod -> (model key, pod)
 
@@ -158,8 +184,7 @@ class ModelRegistry:
         owner = f"{meta['namespace']}/{deployment}"
         if event == "DELETED":
             self._pods.pop(pod_key, None)
-            if self._on_pod_gone is not None:
-                self._on_pod_gone(owner, meta["name"])
+            self.metrics.forget_pod(owner, meta["name"])
             model = self.models.get(owner)
             if model is not None:
                 model.endpoints.pop(meta["name"], None)
@@ -207,6 +232,24 @@ class ModelRegistry:
             model.ready.set()
         else:
             model.ready.clear()
+
+    # requests ------------------------------------------------------------------
+
+    def acquire(
+        self, model: Model, *, route: str, exclude: Collection[str], now: float
+    ) -> Lease | None:
+        """The replica for the next request (see `gateway.routing`), counted in flight
+        until the returned lease is released; None if no replica is left to try."""
+        endpoint = choose_endpoint(model.endpoints.values(), exclude=exclude, now=now)
+        if endpoint is None:
+            return None
+        series = self.metrics.series(model=model.key, route=route, pod=endpoint.pod)
+        endpoint.in_flight += 1
+        endpoint.served += 1
+        model.in_flight += 1
+        model.requests_since_report += 1
+        series.begin()
+        return Lease(model=model, endpoint=endpoint, series=series)
 
     def drop_endpoint(self, model: Model, endpoint: Endpoint) -> None:
         """A connection to it failed: stop routing there until the watch says otherwise."""

@@ -1,18 +1,28 @@
 """Which replica takes the next request: one that recently timed out a connection
 only if nothing else is left, then the least slot pressure ((this gateway's
 in-flight + other gateways' requests there) / slots), ties broken by recent latency,
-then by how many requests each has served. Pure."""
+then by how many requests each has served. Pure; it declares the little it reads of
+an endpoint, so the registry can call it without an import cycle."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
+from typing import Protocol, TypeVar
 
-from gateway.registry import Endpoint
+
+class Candidate(Protocol):
+    pod: str
+    latency_s: float
+    served: int
+    unreachable_until: float
+
+    def pressure(self) -> float: ...
 
 
-def choose_endpoint(
-    endpoints: Iterable[Endpoint], *, exclude: frozenset[str], now: float
-) -> Endpoint | None:
+C = TypeVar("C", bound=Candidate)
+
+
+def choose_endpoint(endpoints: Iterable[C], *, exclude: Collection[str], now: float) -> C | None:
     candidates = [e for e in endpoints if e.pod not in exclude]
     if len(candidates) < 2:  # the common case at low scale: nothing to compare
         return candidates[0] if candidates else None

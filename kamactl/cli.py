@@ -46,12 +46,23 @@ def _importer(args: argparse.Namespace) -> int:
 
 def _gateway(args: argparse.Namespace) -> int:
     from gateway.app import create_app
-    from gateway.run import run_gateway
-    from kamactl.clients import kube_api
+    from gateway.transport.serve import Listen, run
+    from kamactl.clients import connect_temporal, kube_api
 
-    handler = create_app(settings=_settings(), api_factory=kube_api)
+    settings = _settings()
+    app = create_app(
+        settings=settings,
+        api_factory=kube_api,
+        temporal_factory=lambda: connect_temporal(settings),
+    )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # no log line per request
-    run_gateway(handler, host=args.host, port=args.port)
+    run(
+        public=app.public,
+        ops=app.ops,
+        lifespan=app.lifespan,
+        listen=Listen(host=args.host, port=args.port),
+        ops_listen=Listen(host=args.ops_host or args.host, port=args.ops_port),
+    )
     return 0
 
 
@@ -79,7 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
     importer.set_defaults(func=_importer)
     gateway = sub.add_parser("gateway", help="serve the OpenAI-compatible gateway")
     gateway.add_argument("--host", default="0.0.0.0", help="address to listen on")
-    gateway.add_argument("--port", type=int, default=8000, help="port to listen on")
+    gateway.add_argument("--port", type=int, default=8000, help="public port (inference, models)")
+    gateway.add_argument(
+        "--ops-port", type=int, default=9090, help="operational port (/metrics, /healthz, /readyz)"
+    )
+    gateway.add_argument(
+        "--ops-host", default=None, help="address for the operational port (default: --host)"
+    )
     gateway.set_defaults(func=_gateway)
     sub.add_parser(
         "runtime", help="PID 1 of a serving pod: check the artifact, run llama-server, drain"

@@ -93,7 +93,7 @@ def start_kama_demo(stack: LocalStack) -> KamaDemo:
     hub.add_repo(DEMO_REPO, {"tiny.gguf": model})
     _kubectl(stack, "apply", "-f", str(REPO_ROOT / "deploy" / "crds"))
     _kubectl(stack, "wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
-    port = free_port()
+    port, ops_port = free_port(), free_port()
     env = {
         "KUBECONFIG": str(stack.kubeconfig),
         "KAMA_TEMPORAL_ADDRESS": stack.temporal.address,
@@ -104,7 +104,10 @@ def start_kama_demo(stack: LocalStack) -> KamaDemo:
     for command, extra in (
         ("worker", []),
         ("watcher", []),
-        ("gateway", ["--host", "127.0.0.1", "--port", str(port)]),
+        (
+            "gateway",
+            ["--host", "127.0.0.1", "--port", str(port), "--ops-port", str(ops_port)],
+        ),
     ):
         demo.processes.append(
             ManagedProcess(
@@ -139,7 +142,8 @@ def start_kama_demo(stack: LocalStack) -> KamaDemo:
             for process in demo.processes:
                 process.check_alive()
             try:
-                return httpx.get(f"{demo.gateway_url}/readyz", timeout=2).status_code == 200
+                ready = httpx.get(f"http://127.0.0.1:{ops_port}/readyz", timeout=2)
+                return ready.status_code == 200
             except httpx.HTTPError:
                 return False
 

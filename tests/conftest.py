@@ -146,33 +146,35 @@ def kama_control(crds: LocalStack, hub: HubFixture) -> Iterator[KamaControl]:
 
 @dataclass
 class GatewayProcess:
-    url: str
+    url: str  # the public port
+    ops_url: str  # the operational port: /metrics, /healthz, /readyz
     process: ManagedProcess
     control: KamaControl
 
 
 @pytest.fixture(scope="session")
 def gateway(kama_control: KamaControl) -> Iterator[GatewayProcess]:
-    """`kama gateway` as a process on a free loopback port, ready once its watches listed."""
-    port = free_port()
+    """`kama gateway` as a process on free loopback ports, ready once its watches
+    listed (its /readyz, on the operational port)."""
+    port, ops_port = free_port(), free_port()
     process = _kama_process(
         kama_control.stack,
         "gateway",
         kama_control.env,
         name="gateway",
-        extra_args=["--host", "127.0.0.1", "--port", str(port)],
+        extra_args=["--host", "127.0.0.1", "--port", str(port), "--ops-port", str(ops_port)],
     )
-    url = f"http://127.0.0.1:{port}"
+    url, ops_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{ops_port}"
 
     def ready() -> bool:
         process.check_alive()
         try:
-            return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+            return httpx.get(f"{ops_url}/readyz", timeout=2).status_code == 200
         except httpx.HTTPError:
             return False
 
     try:
         wait_until(ready, timeout=60, what="the gateway to be ready")
-        yield GatewayProcess(url=url, process=process, control=kama_control)
+        yield GatewayProcess(url=url, ops_url=ops_url, process=process, control=kama_control)
     finally:
         process.stop(grace=5)

@@ -9,6 +9,10 @@ measured in the same run, printed and written to bench-results/.
   gateway's CPU time per proxied request, and the same for the least a proxy can do
   (`PROXY_FLOOR`: parse, forward on a pooled connection, write back), which is the
   ceiling of any Python proxy in this setup
+- the server hosting the gateway: the same hot path (route, lease, proxy, lean
+  upstream client, relay) under granian RSGI (as it ships), granian ASGI and
+  uvicorn (httptools, uvloop), against the fast upstream: CPU per proxied request,
+  throughput at concurrency 64 and added latency at concurrency 1 (no stack needed)
 - scale from zero: time to first byte through the gateway for a model at zero,
   minus llama-server's own start-to-healthy time for the same model and flags
   measured in the same run (target ≤ 1 s p50)
@@ -30,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from gateway.upstream import UpstreamBody, UpstreamTransport
+from gateway.transport.upstream import UpstreamBody, UpstreamTransport
 from kama.serving_plan import LLAMA_PORT, ServingPlan
 from kamadev.binaries import REPO_ROOT
 from kamadev.processes import free_port
@@ -258,6 +262,81 @@ async def timed_batch(
     wall = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return latencies, time.perf_counter() - wall
+
+
+SERVERS = ("granian-rsgi", "granian-asgi", "uvicorn")
+
+
+def start_host(server: str, port: int, upstream_port: int) -> subprocess.Popen[bytes]:
+    """The hot path under `server`, as a process (tests/bench/gateway_hosts.py)."""
+    argv = [sys.executable, "-m", "tests.bench.gateway_hosts", server, str(port)]
+    return subprocess.Popen([*argv, "127.0.0.1", str(upstream_port)], cwd=REPO_ROOT)
+
+
+def test_servers_hosting_the_gateway() -> None:
+    ports = {server: free_port() for server in SERVERS}
+    upstream_port = free_port()
+    hosts = {server: start_host(server, ports[server], upstream_port) for server in SERVERS}
+    results: dict[str, Any] = {}
+
+    async def run() -> None:
+        upstream = await asyncio.start_server(
+            serve_fast_upstream, "127.0.0.1", upstream_port, backlog=1024
+        )
+        client = UpstreamTransport()
+        body = {"model": "bench/fast", "prompt": "x"}
+        urls = {s: f"http://127.0.0.1:{ports[s]}/v1/completions" for s in SERVERS}
+        direct = f"http://127.0.0.1:{upstream_port}/v1/completions"
+        for server, url in urls.items():
+            for _ in range(300):
+                if await answered(client, url=url, body=body):
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError(f"{server} never answered")
+            await timed_batch(client, url=url, body=body, n=500, concurrency=16, stream=False)
+        walls: dict[str, list[float]] = {s: [] for s in SERVERS}
+        cpu = dict.fromkeys(SERVERS, 0.0)
+        for _ in range(THROUGHPUT_ROUNDS):  # interleaved, so drift hits every server alike
+            for server, url in urls.items():
+                before = process_cpu_s(hosts[server].pid)
+                _, wall = await timed_batch(
+                    client, url=url, body=body, n=FAST_REQUESTS, concurrency=64, stream=False
+                )
+                cpu[server] += process_cpu_s(hosts[server].pid) - before
+                walls[server].append(wall)
+        latency: dict[str, list[float]] = {s: [] for s in ("direct", *SERVERS)}
+        for _ in range(ROUNDS):
+            for name, url in (("direct", direct), *urls.items()):
+                samples, _ = await timed_batch(
+                    client, url=url, body=body, n=LATENCY_REQUESTS, concurrency=1, stream=False
+                )
+                latency[name] += samples
+        for server in SERVERS:
+            row: dict[str, Any] = {
+                "cpu_us_per_request": round(
+                    cpu[server] / (THROUGHPUT_ROUNDS * FAST_REQUESTS) * 1e6
+                ),
+                "rps_c64": round(FAST_REQUESTS / statistics.median(walls[server])),
+            }
+            for q in (50, 99):
+                added = percentile(latency[server], q) - percentile(latency["direct"], q)
+                row[f"added_p{q}_ms_c1"] = round(added * 1000, 3)
+            results[server] = row
+        results["direct_p50_ms_c1"] = round(percentile(latency["direct"], 50) * 1000, 3)
+        results["cores"] = os.cpu_count()
+        await client.aclose()
+        upstream.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        for host in hosts.values():
+            host.terminate()
+            host.wait(timeout=30)
+    results["errors"] = {url: dict(Counter(kinds)) for url, kinds in ERRORS.items() if kinds}
+    ERRORS.clear()
+    record("gateway_servers", results)
 
 
 def test_gateway_added_latency_and_throughput(

@@ -156,15 +156,15 @@ def test_openai_and_native_routes(gateway: GatewayProcess, namespace: str, tmp_p
     eventually(
         lambda: (
             f'kama_gateway_in_flight{{model="{model}"}} 0.0'
-            in httpx.get(f"{gw.url}/metrics", timeout=10).text
+            in httpx.get(f"{gw.ops_url}/metrics", timeout=10).text
         ),
         timeout=10,
         what="the gateway to let go of the request whose client left",
     )
     assert time.monotonic() - closed < 2.0, "the gateway held on to a request nobody waits for"
     left = f'kama_gateway_requests_total{{code="499",model="{model}",route="completions"}} 1.0'
-    assert left in httpx.get(f"{gw.url}/metrics", timeout=10).text
-    metrics = httpx.get(f"{gw.url}/metrics", timeout=10).text
+    assert left in httpx.get(f"{gw.ops_url}/metrics", timeout=10).text
+    metrics = httpx.get(f"{gw.ops_url}/metrics", timeout=10).text
     assert f'kama_gateway_requests_total{{code="200",model="{model}",route="chat"}}' in metrics
     assert "tell a long story" not in metrics
 

@@ -18,45 +18,8 @@ from gateway.metrics import GatewayMetrics
 from gateway.registry import Endpoint, ModelRegistry
 from gateway.routing import choose_endpoint
 from gateway.wake import Waker
-from kama.serving_plan import ServingPlan
-
-
-def deployment(
-    name: str, *, uid: str = "u1", aliases: list[str] | None = None, **status: Any
-) -> dict[str, Any]:
-    return {
-        "metadata": {
-            "namespace": "ns",
-            "name": name,
-            "uid": uid,
-            "creationTimestamp": "2026-01-01T00:00:00Z",
-        },
-        "spec": {
-            "aliases": aliases or [],
-            "scaling": {"maxQueuedRequests": 7, "coldStartTimeout": "90s"},
-        },
-        "status": status,
-    }
-
-
-def pod(
-    name: str, *, ready: bool = True, draining: bool = False, ip: str = "10.0.0.1", slots: int = 4
-) -> dict[str, Any]:
-    plan = ServingPlan(
-        entrypoint="m.gguf", manifest_digest="a" * 64, ctx_total=1024, concurrency=slots
-    )
-    labels = {"kama.dev/deployment": "chat"}
-    if draining:
-        labels["kama.dev/draining"] = "true"
-    return {
-        "metadata": {"namespace": "ns", "name": name, "labels": labels},
-        "spec": {"containers": [{"env": [{"name": "KAMA_SERVING_PLAN", "value": plan.to_json()}]}]},
-        "status": {
-            "phase": "Running",
-            "podIP": ip,
-            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
-        },
-    }
+from tests.unit.gateway_support import deployment as deployment  # also for other gateway tests
+from tests.unit.gateway_support import pod as pod
 
 
 def test_registry_tracks_routable_endpoints_and_readiness() -> None:
@@ -236,8 +199,8 @@ def test_request_metrics_are_exported_with_their_labels() -> None:
     from prometheus_client import generate_latest
 
     metrics = GatewayMetrics()
-    for pod, seconds in (("p1", 0.02), ("p2", 0.3)):
-        series = metrics.series(model="ns/m", route="chat", pod=pod)
+    for name, seconds in (("p1", 0.02), ("p2", 0.3)):
+        series = metrics.series(model="ns/m", route="chat", pod=name)
         series.begin()
         series.ttft.observe(seconds)
         series.duration.observe(seconds * 2)
@@ -259,3 +222,26 @@ def test_request_metrics_are_exported_with_their_labels() -> None:
     metrics.forget_pod("ns/m", "p2")
     after = generate_latest(metrics.registry).decode()
     assert 'pod="p2"' not in after and f'{ttft}_count{{model="ns/m",route="chat"}} 2.0' in after
+
+
+def test_a_lease_counts_its_request_until_released_once() -> None:
+    registry = ModelRegistry()
+    registry.apply_deployment("ADDED", deployment("chat"))
+    registry.apply_pod("ADDED", pod("p0", ip="10.0.0.1", slots=2))
+    registry.apply_pod("ADDED", pod("p1", ip="10.0.0.2", slots=2))
+    model = registry.resolve("ns/chat")
+    assert model is not None
+    first = registry.acquire(model, route="chat", exclude=(), now=0.0)
+    second = registry.acquire(model, route="chat", exclude=(), now=0.0)
+    assert first is not None and second is not None
+    assert first.endpoint is not second.endpoint  # the busier one is passed over
+    assert model.in_flight == 2 and model.requests_since_report == 2
+    assert registry.acquire(model, route="chat", exclude={"p0", "p1"}, now=0.0) is None
+    first.release()
+    first.release()  # a second release changes nothing
+    assert model.in_flight == 1 and first.endpoint.in_flight == 0
+    assert second.series.model_in_flight.value == 1 and second.series.pod.in_flight == 1
+    second.release()
+    assert model.in_flight == 0 and second.endpoint.in_flight == 0
+    assert second.series.model_in_flight.value == 0
+    assert first.endpoint.served == second.endpoint.served == 1  # served counts stay

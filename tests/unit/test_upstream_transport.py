@@ -17,7 +17,7 @@ from types import TracebackType
 import httpx
 import pytest
 
-from gateway.upstream import UpstreamBody, UpstreamTransport
+from gateway.transport.upstream import UpstreamBody, UpstreamTransport
 
 pytestmark = pytest.mark.timeout(10)  # a hang fails one test instead of the run
 
