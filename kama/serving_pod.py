@@ -32,6 +32,8 @@ RUNTIME_USER: Final = 65532
 GRACE_BEYOND_DRAIN_S: Final = 15
 FINGERPRINT_CHARS: Final = 10
 MAX_NAME_PREFIX: Final = 40
+# ServingPlan fields that did not exist in the first release's fingerprints
+PLAN_FIELDS_ADDED_LATER: Final = ("load_mode", "cache_reuse")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,7 +53,14 @@ class ServingTemplate:
     tolerations: list[dict[str, Any]] = field(default_factory=list)
 
     def fingerprint(self) -> str:
-        canonical = json.dumps(asdict(self), sort_keys=True, default=str)
+        """A hash of the template. Plan fields added after pods were running are left
+        out while unset, so a Kama upgrade neither rolls every deployment nor changes
+        what a running workflow computes when it replays its history."""
+        content = asdict(self)
+        for name in PLAN_FIELDS_ADDED_LATER:
+            if content["plan"].get(name) is None:
+                del content["plan"][name]
+        canonical = json.dumps(content, sort_keys=True, default=str)
         return hashlib.sha256(canonical.encode()).hexdigest()[:FINGERPRINT_CHARS]
 
 

@@ -1,5 +1,6 @@
-"""Workflow tests run on a real Temporal dev server (no cluster needed) with the
-local Hub fixture as the model source."""
+"""Workflow tests: the import tests run on a real Temporal dev server (no cluster
+needed) with the local Hub fixture as the model source; the entity-workflow tests run
+on Temporal's time-skipping test server with faked activities (`scenarios.py`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from kamadev.binaries import REPO_ROOT
 from kamadev.hub import HubFixture
 from kamadev.processes import sweep
 from kamadev.temporal import TemporalDevServer, TemporalEndpoints
+from tests.workflows.time_skipping import TimeSkippingServer
+from tests.workflows.time_skipping import time_skipping as time_skipping_server
 
 
 @pytest.fixture(scope="session")
@@ -43,3 +46,11 @@ def hub() -> Iterator[HubFixture]:
     fixture.start()
     yield fixture
     fixture.stop()
+
+
+@pytest.fixture
+async def time_skipping() -> AsyncIterator[TimeSkippingServer]:
+    """Temporal's time-skipping test server (Java, from Maven Central; see
+    deploy/local/build-test-server.sh), one per test (~2 s to start)."""
+    async with time_skipping_server() as server:
+        yield server
