@@ -1,12 +1,14 @@
 """Kubernetes as an external system for Kama's workflows: status patches, Events,
 finalizers, cache claims and importer pods. Every call is idempotent: create→409
 and delete→404 are success, status writes are merge patches of what a workflow
-decided. API errors a retry cannot fix become typed non-retryable errors."""
+decided. API errors become the typed errors of `kube_errors` (a 403 or a 422 is
+not retried)."""
 
 from __future__ import annotations
 
 import datetime
 import uuid
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +16,7 @@ from kubernetes import client as k8s
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.kube_errors import Conflict, Invalid, KubeTarget, NotFound, kube_call
 from kama.api import API_VERSION, FINALIZER, GROUP, VERSION
 from kama.contracts import ARTIFACTS, CACHES, DEPLOYMENTS, ObjectRef
 
@@ -92,9 +95,15 @@ def importer_pod_name(artifact: str, operation_id: str) -> str:
     return f"{artifact[:40]}-import-{operation_id[-12:]}".lower()
 
 
-def _not_found_ok(exc: k8s.ApiException) -> None:
-    if exc.status != 404:
-        raise exc
+def remove_pod(core: k8s.CoreV1Api, *, namespace: str, name: str) -> None:
+    """Delete a pod; one that is already gone is as good."""
+    with (
+        suppress(NotFound),
+        kube_call(
+            verb="delete", target=KubeTarget(resource="pods", namespace=namespace, name=name)
+        ),
+    ):
+        core.delete_namespaced_pod(name, namespace)
 
 
 class KubeActivities:
@@ -105,7 +114,12 @@ class KubeActivities:
 
     @activity.defn(name="Write status")
     def patch_status(self, patch: StatusPatch) -> None:
-        try:
+        target = KubeTarget(
+            resource=f"{patch.kind_plural}/status",
+            namespace=patch.ref.namespace,
+            name=patch.ref.name,
+        )
+        with suppress(NotFound), kube_call(verb="patch", target=target):
             self.custom.patch_namespaced_custom_object_status(
                 GROUP,
                 VERSION,
@@ -115,8 +129,6 @@ class KubeActivities:
                 {"status": patch.status},
                 _content_type="application/merge-patch+json",
             )
-        except k8s.ApiException as exc:
-            _not_found_ok(exc)
 
     @activity.defn(name="Record event")
     def record_event(self, request: EventRequest) -> None:
@@ -142,22 +154,24 @@ class KubeActivities:
             reporting_component="kama.dev/controller",
             reporting_instance="kama-worker",
         )
-        self.core.create_namespaced_event(request.ref.namespace, event)
+        target = KubeTarget(resource="events", namespace=request.ref.namespace)
+        with kube_call(verb="create", target=target):
+            self.core.create_namespaced_event(request.ref.namespace, event)
 
     @activity.defn(name="Find cache claim")
     def cache_claim(self, request: CacheRequest) -> CacheClaim:
+        target = KubeTarget(resource=CACHES, namespace=request.namespace, name=request.name)
         try:
-            cache = self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, request.namespace, CACHES, request.name
-            )
-        except k8s.ApiException as exc:
-            if exc.status == 404:
-                raise ApplicationError(
-                    f"ModelCache {request.namespace}/{request.name} does not exist",
-                    type="StorageUnavailable",
-                    non_retryable=True,
-                ) from None
-            raise
+            with kube_call(verb="get", target=target):
+                cache = self.custom.get_namespaced_custom_object(
+                    GROUP, VERSION, request.namespace, CACHES, request.name
+                )
+        except NotFound:
+            raise ApplicationError(
+                f"ModelCache {request.namespace}/{request.name} does not exist",
+                type="StorageUnavailable",
+                non_retryable=True,
+            ) from None
         spec = cache.get("spec", {})
         existing = spec.get("persistentVolumeClaim")
         if existing:
@@ -180,27 +194,27 @@ class KubeActivities:
                     ),
                 ),
             )
-            try:
+            target = KubeTarget(
+                resource="persistentvolumeclaims", namespace=request.namespace, name=name
+            )
+            with suppress(Conflict), kube_call(verb="create", target=target):
                 self.core.create_namespaced_persistent_volume_claim(request.namespace, claim)
-            except k8s.ApiException as exc:
-                if exc.status != 409:
-                    raise
         return self._bound_claim(
             namespace=request.namespace, name=name, owner=f"ModelCache {request.name}"
         )
 
     def _bound_claim(self, *, namespace: str, name: str, owner: str | None) -> CacheClaim:
         of = f" of {owner}" if owner else ""
+        target = KubeTarget(resource="persistentvolumeclaims", namespace=namespace, name=name)
         try:
-            pvc = self.core.read_namespaced_persistent_volume_claim(name, namespace)
-        except k8s.ApiException as exc:
-            if exc.status == 404:
-                raise ApplicationError(
-                    f"PersistentVolumeClaim {namespace}/{name}{of} does not exist",
-                    type="StorageUnavailable",
-                    non_retryable=True,
-                ) from None
-            raise
+            with kube_call(verb="get", target=target):
+                pvc = self.core.read_namespaced_persistent_volume_claim(name, namespace)
+        except NotFound:
+            raise ApplicationError(
+                f"PersistentVolumeClaim {namespace}/{name}{of} does not exist",
+                type="StorageUnavailable",
+                non_retryable=True,
+            ) from None
         if pvc.status.phase != "Bound":
             raise ApplicationError(
                 f"claim {name}{of} is {pvc.status.phase}, not Bound yet", type="ClaimNotBound"
@@ -306,32 +320,26 @@ class KubeActivities:
                 "volumes": volumes,
             },
         }
-        try:
+        target = KubeTarget(resource="pods", namespace=request.ref.namespace, name=name)
+        with suppress(Conflict), kube_call(verb="create", target=target):
             self.core.create_namespaced_pod(request.ref.namespace, pod)
-        except k8s.ApiException as exc:
-            if exc.status != 409:
-                raise
         return PodRef(namespace=request.ref.namespace, name=name)
 
     @activity.defn(name="Delete pod")
     def delete_pod(self, pod: PodRef) -> None:
-        try:
-            self.core.delete_namespaced_pod(pod.name, pod.namespace)
-        except k8s.ApiException as exc:
-            _not_found_ok(exc)
+        remove_pod(self.core, namespace=pod.namespace, name=pod.name)
 
     @activity.defn(name="List deployments using artifact")
     def artifact_users(self, ref: ObjectRef) -> list[str]:
         try:
-            items = self.custom.list_namespaced_custom_object(
-                GROUP, VERSION, ref.namespace, DEPLOYMENTS
-            )["items"]
-        except k8s.ApiException as exc:
-            if (
-                exc.status == 404
-            ):  # ModelDeployment not installed: nothing can reference the artifact
-                return []
-            raise
+            with kube_call(
+                verb="list", target=KubeTarget(resource=DEPLOYMENTS, namespace=ref.namespace)
+            ):
+                items = self.custom.list_namespaced_custom_object(
+                    GROUP, VERSION, ref.namespace, DEPLOYMENTS
+                )["items"]
+        except NotFound:  # ModelDeployment not installed: nothing can reference the artifact
+            return []
         return sorted(
             i["metadata"]["name"]
             for i in items
@@ -340,9 +348,10 @@ class KubeActivities:
 
     @activity.defn(name="List artifacts using cache")
     def cache_users(self, ref: ObjectRef) -> list[str]:
-        items = self.custom.list_namespaced_custom_object(GROUP, VERSION, ref.namespace, ARTIFACTS)[
-            "items"
-        ]
+        with kube_call(verb="list", target=KubeTarget(resource=ARTIFACTS, namespace=ref.namespace)):
+            items = self.custom.list_namespaced_custom_object(
+                GROUP, VERSION, ref.namespace, ARTIFACTS
+            )["items"]
         return sorted(
             i["metadata"]["name"]
             for i in items
@@ -353,28 +362,30 @@ class KubeActivities:
     def delete_cache_claim(self, request: CacheRequest) -> bool:
         """Delete the claim Kama created for a cache; never a claim Kama did not create."""
         name = cache_claim_name(request.name)
+        target = KubeTarget(
+            resource="persistentvolumeclaims", namespace=request.namespace, name=name
+        )
         try:
-            pvc = self.core.read_namespaced_persistent_volume_claim(name, request.namespace)
-        except k8s.ApiException as exc:
-            _not_found_ok(exc)
+            with kube_call(verb="get", target=target):
+                pvc = self.core.read_namespaced_persistent_volume_claim(name, request.namespace)
+        except NotFound:
             return False
         if (pvc.metadata.annotations or {}).get("kama.dev/created-by") != "kama":
             return False
-        try:
+        with suppress(NotFound), kube_call(verb="delete", target=target):
             self.core.delete_namespaced_persistent_volume_claim(name, request.namespace)
-        except k8s.ApiException as exc:
-            _not_found_ok(exc)
         return True
 
     @activity.defn(name="Release finalizer")
     def release_finalizer(self, request: FinalizerRequest) -> None:
         ref = request.ref
+        target = KubeTarget(resource=request.plural, namespace=ref.namespace, name=ref.name)
         try:
-            obj = self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, ref.namespace, request.plural, ref.name
-            )
-        except k8s.ApiException as exc:
-            _not_found_ok(exc)
+            with kube_call(verb="get", target=target):
+                obj = self.custom.get_namespaced_custom_object(
+                    GROUP, VERSION, ref.namespace, request.plural, ref.name
+                )
+        except NotFound:
             return
         if obj["metadata"]["uid"] != ref.uid:
             return
@@ -393,15 +404,18 @@ class KubeActivities:
                 "value": [f for f in finalizers if f != FINALIZER],
             },
         ]
-        try:  # a list body is sent as a JSON patch; a failed test (object changed) is retried
-            self.custom.patch_namespaced_custom_object(
-                GROUP,
-                VERSION,
-                ref.namespace,
-                request.plural,
-                ref.name,
-                patch,
-                _content_type="application/json-patch+json",
-            )
-        except k8s.ApiException as exc:
-            _not_found_ok(exc)
+        try:  # a list body is sent as a JSON patch
+            with suppress(NotFound), kube_call(verb="patch", target=target):
+                self.custom.patch_namespaced_custom_object(
+                    GROUP,
+                    VERSION,
+                    ref.namespace,
+                    request.plural,
+                    ref.name,
+                    patch,
+                    _content_type="application/json-patch+json",
+                )
+        except Invalid as exc:  # the `test` failed: the object changed since it was read
+            raise ApplicationError(
+                f"{exc.message}; reading it again", type="ObjectChanged"
+            ) from exc

@@ -1,11 +1,14 @@
 """Inputs and outputs of Kama's activities and workflows (dataclasses, so Temporal's
-default converter carries them and fields can be added later). Secrets never
-appear here: a token is referenced by a file path that only the importer can read."""
+default converter carries them and fields can be added later), and the `status`
+answer of an import, which the progress activity reads. Secrets never appear here: a
+token is referenced by a file path that only the importer can read."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from kama.contracts import WorkflowStatus
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,19 @@ class InPlaceArtifact:
     total_size: int
     base_path: str  # directory of the files, relative to the claim root
     facts: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ImportStatus(WorkflowStatus):
+    """The `status` answer of an ImportWorkflow: how far the download has come."""
+
+    commit: str | None = None
+    files_done: int = 0
+    files_total: int = 0
+    bytes_total: int = 0
+    bytes_completed: int = 0  # bytes of the files already downloaded
+    reused: bool = False
+    files: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,9 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.service import RPCError
 
+from activities.models import ImportStatus
+from kama.contracts import STATUS_QUERY
+
 
 @dataclass(frozen=True)
 class ProgressRequest:
@@ -32,11 +35,10 @@ class ProgressActivities:
         handle = self.client.get_workflow_handle(request.workflow_id)
         try:
             description = await handle.describe()
-            status = await handle.query("status")
+            status = await handle.query(STATUS_QUERY, result_type=ImportStatus)
         except RPCError:
             return ImportProgress(bytes_done=0, bytes_total=0, running=False)
-        completed = int(status.get("bytes_completed", 0)) if isinstance(status, dict) else 0
-        total = int(status.get("bytes_total", 0)) if isinstance(status, dict) else 0
+        completed, total = status.bytes_completed, status.bytes_total
         current = 0
         for pending in description.raw_description.pending_activities:
             if pending.activity_type.name != "Download file into cache staging":

@@ -4,16 +4,19 @@ a serving pod, mark one draining, set the replica count through `/scale`).
 
 Idempotent like every Kama activity: create→409 and delete→404 are success, a
 draining mark is a label merge-patch. Reads return plain data so the workflow can
-plan without I/O."""
+plan without I/O. API errors become the typed errors of `kube_errors`."""
 
 from __future__ import annotations
 
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client as k8s
 from temporalio import activity
 
+from activities.kube import remove_pod
+from activities.kube_errors import Conflict, KubeTarget, NotFound, kube_call
 from kama.api import GROUP, VERSION
 from kama.contracts import ARTIFACTS, DEPLOYMENTS, ObjectRef
 from kama.rollout import ObservedPod
@@ -107,63 +110,63 @@ class ServingPodActivities:
 
     @activity.defn(name="Read artifact and nodes")
     def read_inputs(self, request: InputsRequest) -> DeploymentInputs:
-        try:
+        target = KubeTarget(resource=ARTIFACTS, namespace=request.namespace, name=request.artifact)
+        artifact_status: dict[str, Any] | None = None
+        with suppress(NotFound), kube_call(verb="get", target=target):
             artifact = self.custom.get_namespaced_custom_object(
                 GROUP, VERSION, request.namespace, ARTIFACTS, request.artifact
             )
-            artifact_status: dict[str, Any] | None = artifact.get("status") or {}
-        except k8s.ApiException as exc:
-            if exc.status != 404:
-                raise
-            artifact_status = None
-        nodes = self.api.sanitize_for_serialization(self.core.list_node().items)
+            artifact_status = artifact.get("status") or {}
+        with kube_call(verb="list", target=KubeTarget(resource="nodes")):
+            listed = self.core.list_node().items
+        nodes = self.api.sanitize_for_serialization(listed)
         return DeploymentInputs(
             artifact_status=artifact_status, nodes=[_node_facts(n) for n in nodes]
         )
 
     @activity.defn(name="List serving pods")
     def list_pods(self, request: PodsRequest) -> list[ObservedPod]:
-        pods = self.core.list_namespaced_pod(
-            request.namespace, label_selector=serving_selector(request.deployment)
-        )
+        with kube_call(
+            verb="list", target=KubeTarget(resource="pods", namespace=request.namespace)
+        ):
+            pods = self.core.list_namespaced_pod(
+                request.namespace, label_selector=serving_selector(request.deployment)
+            )
         raw = self.api.sanitize_for_serialization(pods.items)
         return sorted((observed_pod(p) for p in raw), key=lambda p: p.name)
 
     @activity.defn(name="Create serving pod")
     def create_pod(self, request: CreatePod) -> None:
-        namespace = request.manifest["metadata"]["namespace"]
-        try:
-            self.core.create_namespaced_pod(namespace, request.manifest)
-        except k8s.ApiException as exc:
-            if exc.status != 409:
-                raise
+        meta = request.manifest["metadata"]
+        target = KubeTarget(resource="pods", namespace=meta["namespace"], name=meta["name"])
+        with suppress(Conflict), kube_call(verb="create", target=target):
+            self.core.create_namespaced_pod(meta["namespace"], request.manifest)
 
     @activity.defn(name="Mark pod draining")
     def mark_draining(self, pod: PodName) -> str | None:
         """Label the pod so routers stop choosing it; its IP, or None when it is gone."""
+        target = KubeTarget(resource="pods", namespace=pod.namespace, name=pod.name)
         try:
-            patched = self.core.patch_namespaced_pod(
-                pod.name, pod.namespace, {"metadata": {"labels": {DRAINING_LABEL: "true"}}}
-            )
-        except k8s.ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+            with kube_call(verb="patch", target=target):
+                patched = self.core.patch_namespaced_pod(
+                    pod.name, pod.namespace, {"metadata": {"labels": {DRAINING_LABEL: "true"}}}
+                )
+        except NotFound:
+            return None
         ip: str | None = patched.status.pod_ip if patched.status else None
         return ip
 
     @activity.defn(name="Delete serving pod")
     def delete_pod(self, pod: PodName) -> None:
-        try:
-            self.core.delete_namespaced_pod(pod.name, pod.namespace)
-        except k8s.ApiException as exc:
-            if exc.status != 404:
-                raise
+        remove_pod(self.core, namespace=pod.namespace, name=pod.name)
 
     @activity.defn(name="Set deployment replicas")
     def set_replicas(self, request: ScaleRequest) -> None:
         """Write spec.replicas through the /scale subresource, as `kubectl scale` does."""
-        try:
+        target = KubeTarget(
+            resource=f"{DEPLOYMENTS}/scale", namespace=request.ref.namespace, name=request.ref.name
+        )
+        with suppress(NotFound), kube_call(verb="patch", target=target):
             self.custom.patch_namespaced_custom_object_scale(
                 GROUP,
                 VERSION,
@@ -173,6 +176,3 @@ class ServingPodActivities:
                 {"spec": {"replicas": request.replicas}},
                 _content_type="application/merge-patch+json",
             )
-        except k8s.ApiException as exc:
-            if exc.status != 404:
-                raise

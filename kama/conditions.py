@@ -1,11 +1,15 @@
-"""Standard status conditions (metav1.Condition shape), computed without I/O.
+"""Standard status conditions (metav1.Condition shape), and the status they sit in,
+computed without I/O.
 
 A condition keeps its lastTransitionTime while its status does not change, so
 `kubectl describe` shows when something became true, not when it was last checked.
+Every entity workflow builds the status it writes with `updated_status`, so each
+write also records the generation it is about (`observedGeneration`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -68,6 +72,22 @@ def set_conditions(
             generation=generation,
         )
     return conditions
+
+
+def updated_status(
+    status: Mapping[str, Any],
+    updates: list[ConditionUpdate],
+    *,
+    fields: Mapping[str, Any],
+    now: datetime,
+    generation: int,
+) -> dict[str, Any]:
+    """`status` with `fields` set, `updates` applied to its conditions, and
+    `observedGeneration` set to the generation these decisions were made for."""
+    conditions = set_conditions(
+        list(status.get("conditions", [])), updates, now=now, generation=generation
+    )
+    return {**status, **fields, "observedGeneration": generation, "conditions": conditions}
 
 
 def condition_status(conditions: Conditions, type: str) -> str | None:

@@ -1,6 +1,6 @@
 """What Kama's processes share: object identity, the snapshot the watcher hands an
-entity workflow, workflow IDs, search-attribute keys, and the names and payloads of
-signals and queries.
+entity workflow, workflow IDs, search-attribute keys, the names and payloads of
+signals and queries, and the shape of every workflow's `status` answer.
 
 The watcher, the gateway, the worker's workflows and the importer all agree on these
 values; keeping them in one pure module means a workflow ID or a signal payload is
@@ -63,6 +63,19 @@ class EntitySnapshot:
         """Whether a workflow holding `current` should take this snapshot (watch events
         can arrive out of order; a deletion always wins)."""
         return current is None or self.generation >= current.generation or self.deleting
+
+
+@dataclass
+class WorkflowStatus:
+    """What every Kama workflow answers to its `status` query (`temporal workflow query
+    --type status`): what it is doing now, which generation of its object it works on
+    (None for workflows that serve no one object), and the last error it met. Each
+    workflow extends it with the few facts of its own (fields with defaults, so the
+    answer stays one flat JSON object)."""
+
+    doing: str = "starting"
+    generation: int | None = None
+    last_error: str | None = None
 
 
 @dataclass(frozen=True)

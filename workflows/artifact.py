@@ -17,10 +17,10 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
-from temporalio.exceptions import ApplicationError, ChildWorkflowError
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
-from workflows.kube_calls import KUBE_TIMEOUT, call_kube
+from workflows.entity import AGAIN, EntityWorkflow, Rest
+from workflows.kube_calls import CLAIM, call_kube, failure_type
 
 with workflow.unsafe.imports_passed_through():
     from activities.kube import (
@@ -29,7 +29,6 @@ with workflow.unsafe.imports_passed_through():
         TOKEN_MOUNT,
         CacheClaim,
         CacheRequest,
-        EventRequest,
         FinalizerRequest,
         ImporterPod,
         KubeActivities,
@@ -40,29 +39,24 @@ with workflow.unsafe.imports_passed_through():
     from activities.progress import ImportProgress, ProgressActivities, ProgressRequest
     from kama.api import ArtifactCondition, ArtifactPhase, ModelArtifactSpec
     from kama.cache_layout import blob_dir
-    from kama.conditions import ConditionUpdate, rfc3339, set_conditions
+    from kama.conditions import ConditionUpdate, rfc3339, updated_status
     from kama.contracts import (
         ARTIFACTS,
         CACHES,
-        RETRY,
-        SPEC_CHANGED,
+        STATUS_QUERY,
         EntitySnapshot,
         ObjectRef,
+        WorkflowStatus,
         import_workflow_id,
         verify_workflow_id,
     )
     from workflows.import_model import ImportInput, ImportResult, ImportWorkflow
     from workflows.verify_model import VerifyInput, VerifyResult, VerifyWorkflow
 
-CLAIM_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    maximum_interval=timedelta(seconds=10),
-    non_retryable_error_types=["StorageUnavailable"],
-)
 PROGRESS_EVERY = timedelta(seconds=2)
 DELETE_RECHECK = timedelta(seconds=30)
-HISTORY_LIMIT = 2000
 
+IMPORT_FAILED = "ImportFailed"  # the reason of a failure that names no type of its own
 FAILURE_CONDITIONS = {
     "ChecksumMismatch": ArtifactCondition.CHECKSUM_MISMATCH,
     "InvalidGGUF": ArtifactCondition.INVALID_GGUF,
@@ -89,14 +83,20 @@ class ArtifactInput:
     memory: ArtifactMemory = field(default_factory=ArtifactMemory)
 
 
-def failure_type(error: BaseException) -> tuple[str, str]:
-    """The typed reason behind a failed child workflow or activity."""
-    current: BaseException | None = error
-    while current is not None:
-        if isinstance(current, ApplicationError) and current.type:
-            return current.type, current.message
-        current = getattr(current, "cause", None) or current.__cause__
-    return "ImportFailed", str(error)
+@dataclass
+class ArtifactWorkflowStatus(WorkflowStatus):
+    """The `status` answer of an ArtifactWorkflow."""
+
+    phase: str | None = None
+    manifest_digest: str | None = None
+    attempt: int = 0
+
+
+ImportChild = (
+    workflow.ChildWorkflowHandle[ImportWorkflow, ImportResult]
+    | workflow.ChildWorkflowHandle[VerifyWorkflow, VerifyResult]
+)
+ClaimActivity = Callable[[KubeActivities, CacheRequest], CacheClaim]
 
 
 def in_place_result(verified: VerifyResult) -> ImportResult:
@@ -116,74 +116,53 @@ def in_place_result(verified: VerifyResult) -> ImportResult:
 
 
 @workflow.defn(name="Keep model artifact")
-class ArtifactWorkflow:
+class ArtifactWorkflow(EntityWorkflow):
+    plural = ARTIFACTS
+    kind = "ModelArtifact"
+
     def __init__(self) -> None:
-        self._snapshot: EntitySnapshot | None = None
+        super().__init__()
         self._memory = ArtifactMemory()
-        self._retry = False
-        self._doing = "starting"
         self._last_error: str | None = None
 
-    # signals and queries ------------------------------------------------------
-
-    @workflow.signal(name=SPEC_CHANGED)
-    def spec_changed(self, snapshot: EntitySnapshot) -> None:
-        if snapshot.supersedes(self._snapshot):
-            self._snapshot = snapshot
-
-    @workflow.signal(name=RETRY)
-    def retry(self) -> None:
-        self._retry = True
-
-    @workflow.query(name="status")
-    def status(self) -> dict[str, Any]:
-        snap = self._snapshot
-        return {
-            "doing": self._doing,
-            "generation": snap.generation if snap else None,
-            "phase": self._memory.status.get("phase"),
-            "manifestDigest": self._memory.status.get("manifestDigest"),
-            "attempt": self._memory.attempt,
-            "lastError": self._last_error,
-        }
+    @workflow.query(name=STATUS_QUERY)
+    def status(self) -> ArtifactWorkflowStatus:
+        found = self._memory.status
+        return self._answer(
+            ArtifactWorkflowStatus(
+                phase=found.get("phase"),
+                manifest_digest=found.get("manifestDigest"),
+                attempt=self._memory.attempt,
+                last_error=self._last_error,
+            )
+        )
 
     # main loop ----------------------------------------------------------------
 
     @workflow.run
     async def run(self, request: ArtifactInput) -> None:
-        if self._snapshot is None or self._snapshot.generation < request.snapshot.generation:
-            self._snapshot = request.snapshot
         self._memory = request.memory
-        while True:
-            snap = self._snapshot
-            assert snap is not None
-            if snap.deleting:
-                await self._finalize(snap)
-                return
-            if self._memory.imported_generation is None and (
-                self._memory.failed_generation != snap.generation or self._retry
-            ):
-                self._retry = False
-                await self._import(snap)
-                continue
-            self._doing = (
-                "ready"
-                if self._memory.imported_generation is not None
-                else "waiting for retry or a spec change"
-            )
-            await workflow.wait_condition(self._needs_attention(snap.generation))
-            if workflow.info().get_current_history_length() > HISTORY_LIMIT:
-                workflow.continue_as_new(
-                    ArtifactInput(snapshot=self._snapshot, memory=self._memory)
-                )
+        await self._keep(request.snapshot)
 
-    def _needs_attention(self, generation: int) -> Callable[[], bool]:
-        def check() -> bool:
-            snap = self._snapshot
-            changed = snap is not None and (snap.deleting or snap.generation != generation)
-            return self._retry or changed
+    async def _reconcile(self, snap: EntitySnapshot, *, retry: bool) -> Rest | None:
+        if self._memory.imported_generation is None and (
+            self._memory.failed_generation != snap.generation or retry
+        ):
+            await self._import(snap)
+            return AGAIN
+        self._doing = (
+            "ready"
+            if self._memory.imported_generation is not None
+            else "waiting for retry or a spec change"
+        )
+        return Rest()
 
-        return check
+    async def _report(self, snap: EntitySnapshot, *, reason: str, message: str) -> None:
+        await self._fail(snap, reason, message, pod=None)
+
+    def _carried_over(self) -> ArtifactInput:
+        assert self._snapshot is not None
+        return ArtifactInput(snapshot=self._snapshot, memory=self._memory)
 
     # import -------------------------------------------------------------------
 
@@ -214,9 +193,9 @@ class ArtifactWorkflow:
                 claim = await self._claim(KubeActivities.cache_claim, snap, spec.cache_ref.name)
                 if pvc is not None:
                     await self._claim(KubeActivities.source_claim, snap, pvc.claim_name)
-        except Exception as exc:
-            kind, message = failure_type(exc)
-            await self._fail(snap, kind, message, operation, None)
+        except ActivityError as exc:
+            kind, message = failure_type(exc, default=IMPORT_FAILED)
+            await self._fail(snap, kind, message, pod=None)
             return
         queue = f"kama-importer-{operation}"
         token = hf.token_secret_ref if hf is not None else None
@@ -230,7 +209,7 @@ class ArtifactWorkflow:
             token_key=token.key if token else None,
         )
         self._doing = "starting the importer"
-        pod: PodRef = await self._kube(KubeActivities.ensure_importer_pod, pod_request)
+        pod = await call_kube(KubeActivities.ensure_importer_pod, pod_request)
         child_id = import_workflow_id(snap.ref, operation=operation)
         import_input = ImportInput(
             operation_id=operation,
@@ -263,7 +242,7 @@ class ArtifactWorkflow:
                 ),
             ],
         )
-        child: Any
+        child: ImportChild
         if direct:
             assert import_input.pvc is not None
             child = await workflow.start_child_workflow(
@@ -291,7 +270,7 @@ class ArtifactWorkflow:
                 done, _ = await workflow.wait([child], timeout=PROGRESS_EVERY.total_seconds())
                 if done:
                     break
-                progress: ImportProgress = await self._kube(
+                progress: ImportProgress = await call_kube(
                     ProgressActivities.import_progress, ProgressRequest(workflow_id=child_id)
                 )
                 if progress.bytes_total:
@@ -306,16 +285,18 @@ class ArtifactWorkflow:
                         },
                         conditions=[],
                     )
-                await self._kube(
+                await call_kube(
                     KubeActivities.ensure_importer_pod, pod_request
                 )  # recreated if it was deleted
             outcome = child.result()
             result: ImportResult = (
                 outcome if isinstance(outcome, ImportResult) else in_place_result(outcome)
             )
-        except (ChildWorkflowError, ApplicationError) as exc:
-            kind, message = failure_type(exc)
-            await self._fail(snap, kind, message, operation, pod)
+        except (ChildWorkflowError, ActivityError, ApplicationError) as exc:
+            if not child.done():  # a call of our own failed for good: stop the import
+                child.cancel()
+            kind, message = failure_type(exc, default=IMPORT_FAILED)
+            await self._fail(snap, kind, message, pod=pod)
             return
         await self._succeed(snap, result, claim, pod)
         if result.free_bytes is not None and spec.cache_ref is not None:
@@ -324,7 +305,7 @@ class ArtifactWorkflow:
                 "freeBytes": result.free_bytes - result.artifact.total_size,
                 "freeReportedAt": rfc3339(workflow.now()),
             }
-            await self._kube(
+            await call_kube(
                 KubeActivities.patch_status, StatusPatch(kind_plural=CACHES, ref=cache, status=free)
             )
 
@@ -384,11 +365,13 @@ class ArtifactWorkflow:
         self._memory.imported_generation = snap.generation
         self._memory.failed_generation = None
         self._last_error = None
-        await self._event(snap, "Normal", "Ready", f"Artifact {digest[:19]} is ready ({how})")
-        await self._kube(KubeActivities.delete_pod, pod)
+        await self._record(
+            snap, type="Normal", reason="Ready", message=f"Artifact {digest[:19]} is ready ({how})"
+        )
+        await call_kube(KubeActivities.delete_pod, pod)
 
     async def _fail(
-        self, snap: EntitySnapshot, kind: str, message: str, operation: str, pod: PodRef | None
+        self, snap: EntitySnapshot, kind: str, message: str, *, pod: PodRef | None
     ) -> None:
         condition = FAILURE_CONDITIONS.get(kind)
         conditions: list[ConditionUpdate] = [
@@ -398,9 +381,9 @@ class ArtifactWorkflow:
         if condition is not None:
             conditions.append((condition, True, kind, message))
         await self._write(snap, phase=ArtifactPhase.FAILED, extra={}, conditions=conditions)
-        await self._event(snap, "Warning", kind, message)
+        await self._record(snap, type="Warning", reason=kind, message=message)
         if pod is not None:
-            await self._kube(KubeActivities.delete_pod, pod)
+            await call_kube(KubeActivities.delete_pod, pod)
         self._memory.failed_generation = snap.generation
         self._last_error = f"{kind}: {message}"
 
@@ -409,43 +392,26 @@ class ArtifactWorkflow:
     async def _finalize(self, snap: EntitySnapshot) -> None:
         while True:
             self._doing = "deleting: checking for ModelDeployments that use the artifact"
-            users: list[str] = await self._kube(KubeActivities.artifact_users, snap.ref)
+            users = await call_kube(KubeActivities.artifact_users, snap.ref)
             if not users:
                 break
             self._doing = f"deletion held: used by {', '.join(users)}"
-            await self._event(
+            await self._record(
                 snap,
-                "Warning",
-                "DeletionBlocked",
-                f"still used by ModelDeployment(s) {', '.join(users)}",
+                type="Warning",
+                reason="DeletionBlocked",
+                message=f"still used by ModelDeployment(s) {', '.join(users)}",
             )
             await asyncio.sleep(DELETE_RECHECK.total_seconds())
-        await self._kube(
+        await call_kube(
             KubeActivities.release_finalizer, FinalizerRequest(plural=ARTIFACTS, ref=snap.ref)
         )
         self._doing = "deleted (bytes kept in the cache)"
 
     # helpers ------------------------------------------------------------------
 
-    async def _claim(self, method: Any, snap: EntitySnapshot, name: str) -> CacheClaim:
-        claim: CacheClaim = await workflow.execute_activity_method(
-            method,
-            CacheRequest(namespace=snap.ref.namespace, name=name),
-            start_to_close_timeout=KUBE_TIMEOUT,
-            retry_policy=CLAIM_RETRY,
-        )
-        return claim
-
-    async def _kube(self, method: Any, argument: Any) -> Any:
-        return await call_kube(method, argument)
-
-    async def _event(self, snap: EntitySnapshot, kind: str, reason: str, message: str) -> None:
-        await self._kube(
-            KubeActivities.record_event,
-            EventRequest(
-                kind="ModelArtifact", ref=snap.ref, type=kind, reason=reason, message=message
-            ),
-        )
+    async def _claim(self, method: ClaimActivity, snap: EntitySnapshot, name: str) -> CacheClaim:
+        return await CLAIM.schedule(method, CacheRequest(namespace=snap.ref.namespace, name=name))
 
     async def _write(
         self,
@@ -455,21 +421,12 @@ class ArtifactWorkflow:
         extra: dict[str, Any],
         conditions: list[ConditionUpdate],
     ) -> None:
-        status = dict(self._memory.status)
-        current = set_conditions(
-            list(status.get("conditions", [])),
+        status = updated_status(
+            self._memory.status,
             conditions,
+            fields={**extra, "phase": str(phase)},
             now=workflow.now(),
             generation=snap.generation,
         )
-        status.update(extra)
-        status.update(
-            {"phase": str(phase), "observedGeneration": snap.generation, "conditions": current}
-        )
-        if status == self._memory.status:
-            return
-        self._memory.status = status
-        await self._kube(
-            KubeActivities.patch_status,
-            StatusPatch(kind_plural=ARTIFACTS, ref=snap.ref, status=status),
-        )
+        if await self._write_status(snap, written=self._memory.status, status=status):
+            self._memory.status = status

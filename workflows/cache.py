@@ -9,39 +9,30 @@ and a claim Kama created, the claim is deleted; an existing claim is never touch
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError
 
-from workflows.kube_calls import KUBE_TIMEOUT, call_kube
+from workflows.calls import CallPolicy
+from workflows.entity import EntityWorkflow, Rest
+from workflows.kube_calls import CLAIM, CLAIM_RETRY, call_kube, failure_type
 
 with workflow.unsafe.imports_passed_through():
-    from activities.kube import (
-        CacheClaim,
-        CacheRequest,
-        EventRequest,
-        FinalizerRequest,
-        KubeActivities,
-        StatusPatch,
-    )
+    from activities.kube import CacheRequest, FinalizerRequest, KubeActivities
     from kama.api import CacheConditionType
-    from kama.conditions import set_condition
-    from kama.contracts import CACHES, SPEC_CHANGED, EntitySnapshot, ObjectRef
-    from workflows.artifact import failure_type
+    from kama.conditions import updated_status
+    from kama.contracts import CACHES, STATUS_QUERY, EntitySnapshot, WorkflowStatus
 
-CLAIM_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    maximum_interval=timedelta(seconds=10),
-    maximum_attempts=30,
-    non_retryable_error_types=["StorageUnavailable"],
+CLAIM_ATTEMPTS = 30  # then StorageUnavailable, and the workflow looks again after RECHECK
+CLAIM_CHECK = CallPolicy(
+    timeout=CLAIM.timeout,
+    retry=dataclasses.replace(CLAIM_RETRY, maximum_attempts=CLAIM_ATTEMPTS),
 )
 RECHECK = timedelta(seconds=30)
-HISTORY_LIMIT = 2000
 
 
 @dataclass(frozen=True)
@@ -50,65 +41,56 @@ class CacheInput:
     status: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class CacheWorkflowStatus(WorkflowStatus):
+    """The `status` answer of a CacheWorkflow."""
+
+    claim: str | None = None
+    conditions: list[dict[str, Any]] = field(default_factory=list)
+
+
 @workflow.defn(name="Keep model cache")
-class CacheWorkflow:
+class CacheWorkflow(EntityWorkflow):
+    plural = CACHES
+    kind = "ModelCache"
+
     def __init__(self) -> None:
-        self._snapshot: EntitySnapshot | None = None
+        super().__init__()
         self._status: dict[str, Any] = {}
-        self._doing = "starting"
 
-    @workflow.signal(name=SPEC_CHANGED)
-    def spec_changed(self, snapshot: EntitySnapshot) -> None:
-        if snapshot.supersedes(self._snapshot):
-            self._snapshot = snapshot
-
-    @workflow.query(name="status")
-    def status(self) -> dict[str, Any]:
-        return {
-            "doing": self._doing,
-            "claim": self._status.get("claimName"),
-            "conditions": self._status.get("conditions", []),
-        }
+    @workflow.query(name=STATUS_QUERY)
+    def status(self) -> CacheWorkflowStatus:
+        return self._answer(
+            CacheWorkflowStatus(
+                claim=self._status.get("claimName"),
+                conditions=list(self._status.get("conditions", [])),
+            )
+        )
 
     @workflow.run
     async def run(self, request: CacheInput) -> None:
-        if self._snapshot is None or self._snapshot.generation < request.snapshot.generation:
-            self._snapshot = request.snapshot
         self._status = dict(request.status)
-        while True:
-            snap = self._snapshot
-            assert snap is not None
-            if snap.deleting:
-                await self._finalize(snap)
-                return
-            ready = await self._reconcile(snap)
-            self._doing = "ready" if ready else "waiting for storage"
-            with contextlib.suppress(TimeoutError):
-                await workflow.wait_condition(
-                    self._changed_since(snap.generation), timeout=None if ready else RECHECK
-                )
-            if workflow.info().get_current_history_length() > HISTORY_LIMIT:
-                workflow.continue_as_new(CacheInput(snapshot=self._snapshot, status=self._status))
+        await self._keep(request.snapshot)
 
-    def _changed_since(self, generation: int) -> Callable[[], bool]:
-        def check() -> bool:
-            snap = self._snapshot
-            return snap is not None and (snap.deleting or snap.generation != generation)
+    async def _reconcile(self, snap: EntitySnapshot, *, retry: bool) -> Rest:
+        ready = await self._find_claim(snap)
+        self._doing = "ready" if ready else "waiting for storage"
+        return Rest(timeout=None if ready else RECHECK)
 
-        return check
+    def _carried_over(self) -> CacheInput:
+        assert self._snapshot is not None
+        return CacheInput(snapshot=self._snapshot, status=self._status)
 
-    async def _reconcile(self, snap: EntitySnapshot) -> bool:
+    async def _find_claim(self, snap: EntitySnapshot) -> bool:
         self._doing = "finding the claim"
         try:
-            claim: CacheClaim = await workflow.execute_activity_method(
+            claim = await CLAIM_CHECK.schedule(
                 KubeActivities.cache_claim,
                 CacheRequest(namespace=snap.ref.namespace, name=snap.ref.name),
-                start_to_close_timeout=KUBE_TIMEOUT,
-                retry_policy=CLAIM_RETRY,
             )
-        except Exception as exc:
-            kind, message = failure_type(exc)
-            await self._write(snap, {}, ready=False, reason=kind, message=message)
+        except ActivityError as exc:
+            kind, message = failure_type(exc, default="StorageUnavailable")
+            await self._report(snap, reason=kind, message=message)
             return False
         fields = {
             "claimName": claim.claim_name,
@@ -124,36 +106,27 @@ class CacheWorkflow:
         )
         return True
 
+    async def _report(self, snap: EntitySnapshot, *, reason: str, message: str) -> None:
+        await self._write(snap, {}, ready=False, reason=reason, message=message)
+
     async def _finalize(self, snap: EntitySnapshot) -> None:
         while True:
-            users: list[str] = await self._kube(KubeActivities.cache_users, snap.ref)
+            users = await call_kube(KubeActivities.cache_users, snap.ref)
             if not users:
                 break
             self._doing = f"deletion held: used by ModelArtifact(s) {', '.join(users)}"
-            await self._kube(
-                KubeActivities.record_event,
-                EventRequest(
-                    kind="ModelCache",
-                    ref=snap.ref,
-                    type="Warning",
-                    reason="DeletionBlocked",
-                    message=self._doing,
-                ),
-            )
+            await self._record(snap, type="Warning", reason="DeletionBlocked", message=self._doing)
             await workflow.sleep(RECHECK)
         if snap.spec.get("retentionPolicy") == "Delete" and "claimTemplate" in snap.spec:
             self._doing = "deleting the claim Kama created"
-            await self._kube(
+            await call_kube(
                 KubeActivities.delete_cache_claim,
                 CacheRequest(namespace=snap.ref.namespace, name=snap.ref.name),
             )
-        await self._kube(
+        await call_kube(
             KubeActivities.release_finalizer, FinalizerRequest(plural=CACHES, ref=snap.ref)
         )
         self._doing = "deleted"
-
-    async def _kube(self, method: Any, argument: Any) -> Any:
-        return await call_kube(method, argument)
 
     async def _write(
         self,
@@ -164,32 +137,20 @@ class CacheWorkflow:
         reason: str,
         message: str,
     ) -> None:
-        status = {**self._status, **fields, "observedGeneration": snap.generation}
-        conditions = list(status.get("conditions", []))
-        now = workflow.now()
-        conditions = set_condition(
-            conditions,
-            type=CacheConditionType.READY,
-            status=ready,
-            reason=reason,
-            message=message,
-            now=now,
+        status = updated_status(
+            self._status,
+            [
+                (CacheConditionType.READY, ready, reason, message),
+                (
+                    CacheConditionType.STORAGE_UNAVAILABLE,
+                    not ready,
+                    reason,
+                    "" if ready else message,
+                ),
+            ],
+            fields=fields,
+            now=workflow.now(),
             generation=snap.generation,
         )
-        conditions = set_condition(
-            conditions,
-            type=CacheConditionType.STORAGE_UNAVAILABLE,
-            status=not ready,
-            reason=reason,
-            message="" if ready else message,
-            now=now,
-            generation=snap.generation,
-        )
-        status["conditions"] = conditions
-        if status == self._status:
-            return
-        self._status = status
-        await self._kube(
-            KubeActivities.patch_status,
-            StatusPatch(kind_plural=CACHES, ref=ObjectRef(**vars(snap.ref)), status=status),
-        )
+        if await self._write_status(snap, written=self._status, status=status):
+            self._status = status

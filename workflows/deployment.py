@@ -12,7 +12,6 @@ the finalizer is released; the artifact is left alone.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -20,19 +19,14 @@ from typing import Any
 from temporalio import workflow
 from temporalio.exceptions import ChildWorkflowError
 
-from workflows.drain import SLOTS_RETRY, SLOTS_TIMEOUT
-from workflows.kube_calls import call_kube, start_kube
+from workflows.drain import SLOTS
+from workflows.entity import EntityWorkflow, Rest
+from workflows.kube_calls import call_kube
 
 with workflow.unsafe.imports_passed_through():
-    from activities.kube import (
-        EventRequest,
-        FinalizerRequest,
-        KubeActivities,
-        StatusPatch,
-    )
+    from activities.kube import FinalizerRequest, KubeActivities
     from activities.llama_server import LlamaServerActivities, SlotsRequest
     from activities.serving_pods import (
-        DeploymentInputs,
         InputsRequest,
         PodsRequest,
         ScaleRequest,
@@ -45,17 +39,18 @@ with workflow.unsafe.imports_passed_through():
         ConditionUpdate,
         condition_status,
         rfc3339,
-        set_conditions,
+        updated_status,
     )
     from kama.contracts import (
         ARTIFACT_CHANGED,
         DEMAND,
         DEPLOYMENTS,
         PODS_CHANGED,
-        SPEC_CHANGED,
+        STATUS_QUERY,
         WAKE,
         DemandReport,
         EntitySnapshot,
+        WorkflowStatus,
         rollout_workflow_id,
     )
     from kama.deployment_plan import (
@@ -72,7 +67,6 @@ with workflow.unsafe.imports_passed_through():
 RESYNC = timedelta(minutes=5)
 RETRY_FAILED_ROLLOUT = timedelta(seconds=30)
 DELETE_POLL = timedelta(seconds=2)
-HISTORY_LIMIT = 2000
 DEFAULT_RUNTIME_IMAGE = "ghcr.io/kama-dev/kama:0.1.0"
 
 C = DeploymentCondition
@@ -102,6 +96,9 @@ class DeploymentMemory:
     seen_replicas: int = 0  # a scale-up (by anyone) restarts the idle clock
     woke_at_generation: int | None = None  # a wake scale-up not yet seen back in the spec
     status_to_add: dict[str, Any] = field(default_factory=dict)  # rides with the next write
+    # "<generation>/<fingerprint>" of a rollout the API server refused (a missing
+    # permission): not tried again before a spec change or a `retry` signal
+    refused_rollout: str | None = None
 
 
 # A workflow.patched() marker: histories written before Events went to the
@@ -117,28 +114,38 @@ class DeploymentInput:
     memory: DeploymentMemory = field(default_factory=DeploymentMemory)
 
 
+@dataclass
+class DeploymentWorkflowStatus(WorkflowStatus):
+    """The `status` answer of a DeploymentWorkflow."""
+
+    fingerprint: str | None = None
+    profile: dict[str, Any] | None = None
+    replicas: int = 0
+    ready_replicas: int = 0
+    last_demand: str | None = None
+
+
 @workflow.defn(name="Keep model deployment")
-class DeploymentWorkflow:
+class DeploymentWorkflow(EntityWorkflow):
+    plural = DEPLOYMENTS
+    kind = "ModelDeployment"
+
     def __init__(self) -> None:
-        self._snapshot: EntitySnapshot | None = None
+        super().__init__()
         self._memory = DeploymentMemory()
         self._image = DEFAULT_RUNTIME_IMAGE
         self._dirty = True
         self._replan = True
         self._wake = False
-        self._doing = "starting"
-        self._events_sent: list[asyncio.Task[Any]] = []  # Events, off the critical path
+        # Events, off the critical path
+        self._events_sent: list[workflow.ActivityHandle[None]] = []
 
     # signals and queries ------------------------------------------------------
 
-    @workflow.signal(name=SPEC_CHANGED)
-    def spec_changed(self, snapshot: EntitySnapshot) -> None:
-        current = self._snapshot
-        if snapshot.supersedes(current):
-            if current is None or snapshot.generation != current.generation:
-                self._replan = True
-            self._snapshot = snapshot
-            self._dirty = True
+    def _took(self, snapshot: EntitySnapshot, *, previous: EntitySnapshot | None) -> None:
+        if previous is None or snapshot.generation != previous.generation:
+            self._replan = True
+        self._dirty = True
 
     @workflow.signal(name=PODS_CHANGED)
     def pods_changed(self) -> None:
@@ -156,72 +163,77 @@ class DeploymentWorkflow:
     def demand(self, report: DemandReport) -> None:
         self._memory.last_demand = workflow.now().isoformat()
 
-    @workflow.query(name="status")
-    def status(self) -> dict[str, Any]:
-        status = self._memory.status
-        return {
-            "doing": self._doing,
-            "generation": self._snapshot.generation if self._snapshot else None,
-            "fingerprint": status.get("fingerprint"),
-            "profile": status.get("profile"),
-            "replicas": status.get("replicas", 0),
-            "readyReplicas": status.get("readyReplicas", 0),
-            "lastError": self._memory.rollout_failure,
-            "lastDemand": self._memory.last_demand,
-        }
+    @workflow.query(name=STATUS_QUERY)
+    def status(self) -> DeploymentWorkflowStatus:
+        found = self._memory.status
+        return self._answer(
+            DeploymentWorkflowStatus(
+                fingerprint=found.get("fingerprint"),
+                profile=found.get("profile"),
+                replicas=found.get("replicas", 0),
+                ready_replicas=found.get("readyReplicas", 0),
+                last_demand=self._memory.last_demand,
+                last_error=self._memory.rollout_failure,
+            )
+        )
 
     # main loop ----------------------------------------------------------------
 
     @workflow.run
     async def run(self, request: DeploymentInput) -> None:
-        if self._snapshot is None or self._snapshot.generation < request.snapshot.generation:
-            self._snapshot = request.snapshot
         self._memory = request.memory
         self._image = request.runtime_image
-        while True:
-            snap = self._snapshot
-            assert snap is not None
-            if snap.deleting:
-                await self._finalize(snap)
-                await self._events_recorded()
-                return
-            self._dirty = False
-            spec = ModelDeploymentSpec.model_validate(snap.spec)
-            if self._replan or self._memory.template is None:
-                self._replan = False
-                await self._plan(snap, spec)
-            if spec.replicas > self._memory.seen_replicas:
-                self._memory.last_demand = workflow.now().isoformat()
-            self._memory.seen_replicas = spec.replicas
-            if self._wake:
-                self._wake = False
-                spec = await self._scale_for_wake(snap, spec)
-            wait = RESYNC
-            if self._memory.template is not None:
-                converged = await self._converge(snap, spec, self._memory.template)
-                if not converged:
-                    wait = RETRY_FAILED_ROLLOUT
-            self._doing = "steady" if wait == RESYNC else "waiting to retry the rollout"
-            idle_in = await self._scale_down_when_idle(snap, spec)
-            if idle_in is not None:
-                wait = min(wait, idle_in)
-            await self._events_recorded()
-            try:
-                await workflow.wait_condition(lambda: self._dirty, timeout=wait)
-            except TimeoutError:
-                self._replan = self._memory.template is None
-            if workflow.info().get_current_history_length() > HISTORY_LIMIT:
-                workflow.continue_as_new(
-                    DeploymentInput(
-                        snapshot=self._snapshot, runtime_image=self._image, memory=self._memory
-                    )
-                )
+        await self._keep(request.snapshot)
+
+    async def _reconcile(self, snap: EntitySnapshot, *, retry: bool) -> Rest:
+        self._dirty = False
+        spec = ModelDeploymentSpec.model_validate(snap.spec)
+        if retry or self._replan or self._memory.template is None:
+            self._replan = False
+            await self._plan(snap, spec)
+        if spec.replicas > self._memory.seen_replicas:
+            self._memory.last_demand = workflow.now().isoformat()
+        self._memory.seen_replicas = spec.replicas
+        if self._wake:
+            self._wake = False
+            spec = await self._scale_for_wake(snap, spec)
+        wait: timedelta | None = RESYNC
+        template = self._memory.template
+        if template is not None:
+            rollout = f"{snap.generation}/{template.fingerprint()}"
+            result: RolloutResult | None = None
+            if retry or self._memory.refused_rollout != rollout:
+                result = await self._converge(snap, spec, template)
+                refused = result is not None and result.permanent
+                self._memory.refused_rollout = rollout if refused else None
+            wait, self._doing = _next_pass(result, refused=self._memory.refused_rollout == rollout)
+        idle_in = await self._scale_down_when_idle(snap, spec)
+        if idle_in is not None:
+            wait = idle_in if wait is None else min(wait, idle_in)
+        await self._events_recorded()
+        return Rest(timeout=wait)
+
+    def _woken(self, snap: EntitySnapshot) -> bool:
+        return self._dirty
+
+    def _rested(self) -> None:
+        self._replan = self._memory.template is None
+
+    def _carried_over(self) -> DeploymentInput:
+        assert self._snapshot is not None
+        return DeploymentInput(
+            snapshot=self._snapshot, runtime_image=self._image, memory=self._memory
+        )
+
+    async def _report(self, snap: EntitySnapshot, *, reason: str, message: str) -> None:
+        await self._write(snap, extra={}, conditions=[(C.RUNTIME_READY, False, reason, message)])
+        await self._events_recorded()
 
     # planning -----------------------------------------------------------------
 
     async def _plan(self, snap: EntitySnapshot, spec: ModelDeploymentSpec) -> None:
         self._doing = "reading the artifact and the nodes"
-        inputs: DeploymentInputs = await call_kube(
+        inputs = await call_kube(
             ServingPodActivities.read_inputs,
             InputsRequest(namespace=snap.ref.namespace, artifact=spec.model_ref.name),
         )
@@ -258,6 +270,7 @@ class DeploymentWorkflow:
                 spec=spec, artifact=artifact, nodes=inputs.nodes, image=self._image
             )
         except ArtifactNotUsable as exc:
+            self._doing = "waiting for a usable artifact"
             await self._write(
                 snap,
                 extra={},
@@ -267,6 +280,7 @@ class DeploymentWorkflow:
         artifact_ok = (C.ARTIFACT_READY, True, "Ready", f"serving {artifact.manifest_digest}")
         if decision.template is None:
             message = decision.plan.fit_failed_message or "no candidate fits"
+            self._doing = "waiting for a spec or nodes it fits"
             await self._write(
                 snap,
                 extra={"profile": None, "rejectedCandidates": decision.rejected},
@@ -317,15 +331,16 @@ class DeploymentWorkflow:
         return max(spec.scaling.min_replicas, min(spec.replicas, spec.scaling.max_replicas))
 
     async def _pods(self, snap: EntitySnapshot) -> list[ObservedPod]:
-        pods: list[ObservedPod] = await call_kube(
+        return await call_kube(
             ServingPodActivities.list_pods,
             PodsRequest(namespace=snap.ref.namespace, deployment=snap.ref.name),
         )
-        return pods
 
     async def _converge(
         self, snap: EntitySnapshot, spec: ModelDeploymentSpec, template: ServingTemplate
-    ) -> bool:
+    ) -> RolloutResult | None:
+        """Roll out `template` unless the pods are settled on it; the rollout's result
+        (None: nothing to do, or a newer spec cancelled it)."""
         desired = self._desired(spec)
         fingerprint = template.fingerprint()
         pods = await self._pods(snap)
@@ -381,7 +396,7 @@ class DeploymentWorkflow:
         else:
             self._memory.rollout_failure = None
         await self._write_replicas(snap, desired=desired, pods=pods, fingerprint=fingerprint)
-        return result is None or result.converged
+        return result
 
     def _spec_moved(self, rolling: EntitySnapshot, desired: int) -> bool:
         """A newer spec asks for something else than the running rollout (a replica
@@ -448,7 +463,9 @@ class DeploymentWorkflow:
         await call_kube(
             ServingPodActivities.set_replicas, ScaleRequest(ref=snap.ref, replicas=replicas)
         )
-        await self._record(snap, "Normal", "Scaled", f"spec.replicas set to {replicas}: {why}")
+        await self._record(
+            snap, type="Normal", reason="Scaled", message=f"spec.replicas set to {replicas}: {why}"
+        )
 
     async def _scale_for_wake(
         self, snap: EntitySnapshot, spec: ModelDeploymentSpec
@@ -485,11 +502,8 @@ class DeploymentWorkflow:
             return due
         for pod in await self._pods(snap):
             if pod.pod_ip and pod.ready:
-                busy: int | None = await workflow.execute_activity_method(
-                    LlamaServerActivities.busy_slots,
-                    SlotsRequest(pod_ip=pod.pod_ip),
-                    start_to_close_timeout=SLOTS_TIMEOUT,
-                    retry_policy=SLOTS_RETRY,
+                busy = await SLOTS.schedule(
+                    LlamaServerActivities.busy_slots, SlotsRequest(pod_ip=pod.pod_ip)
                 )
                 if busy:
                     self._memory.last_demand = workflow.now().isoformat()
@@ -519,6 +533,7 @@ class DeploymentWorkflow:
             KubeActivities.release_finalizer, FinalizerRequest(plural=DEPLOYMENTS, ref=snap.ref)
         )
         self._doing = "deleted (the artifact is kept)"
+        await self._events_recorded()
 
     # status -------------------------------------------------------------------
 
@@ -529,27 +544,22 @@ class DeploymentWorkflow:
         extra: dict[str, Any],
         conditions: list[ConditionUpdate],
     ) -> None:
-        status = dict(self._memory.status)
-        before: Conditions = list(status.get("conditions", []))
-        current = set_conditions(before, conditions, now=workflow.now(), generation=snap.generation)
-        status.update(self._memory.status_to_add)
-        self._memory.status_to_add = {}
-        status.update(extra)
-        status.update(
-            {
-                "observedGeneration": snap.generation,
-                "conditions": current,
-                "reason": headline_reason(current),
-            }
+        before = self._memory.status
+        status = updated_status(
+            before,
+            conditions,
+            fields={**self._memory.status_to_add, **extra},
+            now=workflow.now(),
+            generation=snap.generation,
         )
-        if status == self._memory.status:
+        status["reason"] = headline_reason(status["conditions"])
+        if not await self._write_status(snap, written=before, status=status):
             return
         self._memory.status = status
-        await call_kube(
-            KubeActivities.patch_status,
-            StatusPatch(kind_plural=DEPLOYMENTS, ref=snap.ref, status=status),
+        self._memory.status_to_add = {}
+        await self._events(
+            snap, before=list(before.get("conditions", [])), after=status["conditions"]
         )
-        await self._events(snap, before=before, after=current)
 
     async def _events(self, snap: EntitySnapshot, *, before: Conditions, after: Conditions) -> None:
         for kind in EVENT_CONDITIONS:
@@ -560,20 +570,18 @@ class DeploymentWorkflow:
             bad = (new == "True") == (kind in WARNING_WHEN_TRUE)
             await self._record(
                 snap,
-                "Warning" if bad and not (old is None and new == "False") else "Normal",
-                entry["reason"],
-                f"{kind}={new}: {entry['message']}",
+                type="Warning" if bad and not (old is None and new == "False") else "Normal",
+                reason=entry["reason"],
+                message=f"{kind}={new}: {entry['message']}",
             )
 
-    async def _record(self, snap: EntitySnapshot, kind: str, reason: str, message: str) -> None:
+    async def _record(self, snap: EntitySnapshot, *, type: str, reason: str, message: str) -> None:
         """Record an Event. Started in the background (the loop waits for all of them
         before it sleeps), so a wake's scale-up does not wait for its own Event;
         histories from before that change record them inline."""
-        event = EventRequest(
-            kind="ModelDeployment", ref=snap.ref, type=kind, reason=reason, message=message[:1024]
-        )
+        event = self._event(snap, type=type, reason=reason, message=message)
         if workflow.patched(WAKE_CRITICAL_PATH):
-            self._events_sent.append(start_kube(KubeActivities.record_event, event))
+            self._events_sent.append(call_kube(KubeActivities.record_event, event))
         else:
             await call_kube(KubeActivities.record_event, event)
 
@@ -581,6 +589,20 @@ class DeploymentWorkflow:
         sent, self._events_sent = self._events_sent, []
         for event in sent:
             await event
+
+
+def _next_pass(result: RolloutResult | None, *, refused: bool) -> tuple[timedelta | None, str]:
+    """When to look again after a rollout, and what the workflow is doing meanwhile: a
+    rollout the API server refused waits for a spec change or `retry`, one that gave
+    up (pods died, the deadline passed) is tried again after a back-off."""
+    if refused:
+        return (
+            None,
+            "stopped (the API server refused the rollout): waiting for a spec change or `retry`",
+        )
+    if result is None or result.converged:
+        return RESYNC, "steady"
+    return RETRY_FAILED_ROLLOUT, "waiting to retry the rollout"
 
 
 def _degraded_reason(*, mode: str, degraded: str | None) -> str:

@@ -11,7 +11,9 @@ from datetime import timedelta
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 
+from workflows.calls import CallPolicy
 from workflows.kube_calls import call_kube
+from workflows.status import TaskStatus
 
 with workflow.unsafe.imports_passed_through():
     from activities.llama_server import LlamaServerActivities, SlotsRequest
@@ -21,6 +23,8 @@ ROUTERS_SETTLE = timedelta(seconds=1)
 SLOTS_POLL = timedelta(seconds=1)
 SLOTS_TIMEOUT = timedelta(seconds=5)
 SLOTS_RETRY = RetryPolicy(maximum_attempts=2)
+SLOTS = CallPolicy(timeout=SLOTS_TIMEOUT, retry=SLOTS_RETRY)
+"""Asking llama-server how busy it is: a pod that does not answer is gone or going."""
 
 
 @dataclass(frozen=True)
@@ -38,39 +42,29 @@ class DrainResult:
 
 
 @workflow.defn(name="Drain serving pod")
-class DrainWorkflow:
-    def __init__(self) -> None:
-        self._doing = "starting"
-
-    @workflow.query(name="status")
-    def status(self) -> dict[str, str]:
-        return {"doing": self._doing}
-
+class DrainWorkflow(TaskStatus):
     @workflow.run
     async def run(self, request: DrainInput) -> DrainResult:
         pod = PodName(namespace=request.namespace, name=request.pod)
         started = workflow.now()
-        self._doing = "marking the pod draining"
-        ip: str | None = await call_kube(ServingPodActivities.mark_draining, pod)
+        self._status.doing = "marking the pod draining"
+        ip = await call_kube(ServingPodActivities.mark_draining, pod)
         busy = 0
         if ip:
             await workflow.sleep(ROUTERS_SETTLE)
             deadline = started + timedelta(seconds=request.timeout_s)
             while True:
-                self._doing = f"waiting for busy slots on {ip} to finish"
-                found: int | None = await workflow.execute_activity_method(
-                    LlamaServerActivities.busy_slots,
-                    SlotsRequest(pod_ip=ip),
-                    start_to_close_timeout=SLOTS_TIMEOUT,
-                    retry_policy=SLOTS_RETRY,
+                self._status.doing = f"waiting for busy slots on {ip} to finish"
+                found = await SLOTS.schedule(
+                    LlamaServerActivities.busy_slots, SlotsRequest(pod_ip=ip)
                 )
                 busy = found or 0
                 if busy == 0 or workflow.now() >= deadline:
                     break
                 await workflow.sleep(SLOTS_POLL)
-        self._doing = "deleting the pod"
+        self._status.doing = "deleting the pod"
         await call_kube(ServingPodActivities.delete_pod, pod)
-        self._doing = "done"
+        self._status.doing = "done"
         return DrainResult(
             pod=request.pod,
             waited_s=(workflow.now() - started).total_seconds(),

@@ -9,12 +9,12 @@ atomically. Bad sources and bad bytes end it with a typed, non-retryable error.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
-from workflows.importer_calls import CACHE_CALL, RESOLVE, TRANSFER, on_importer
+from workflows.importer_calls import CACHE_CALL, RESOLVE, TRANSFER
 
 with workflow.unsafe.imports_passed_through():
     from activities.cache import CacheActivities
@@ -25,6 +25,7 @@ with workflow.unsafe.imports_passed_through():
         DownloadedFile,
         DownloadRequest,
         HuggingFaceSource,
+        ImportStatus,
         LookupRequest,
         PublishedArtifact,
         PublishRequest,
@@ -35,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from activities.volume_source import PvcSourceActivities
     from kama.cache_layout import Manifest, ManifestFile
+    from kama.contracts import STATUS_QUERY
 
 
 @dataclass(frozen=True)
@@ -54,24 +56,9 @@ class ImportResult:
     files: list[DownloadedFile]
     artifact: PublishedArtifact
     reused: bool
-    in_place: bool = False
+    in_place: bool = False  # PVC Direct: verified where it is, nothing copied
     operation_id: str = ""
-    free_bytes: int | None = (
-        None  # free space of the cache before the download  # PVC Direct: verified where it is, nothing copied
-    )
-
-
-@dataclass
-class ImportStatus:
-    phase: str = "Resolving"
-    commit: str | None = None
-    files_done: int = 0
-    files_total: int = 0
-    bytes_total: int = 0
-    bytes_completed: int = 0  # bytes of the files already downloaded
-    reused: bool = False
-    last_error: str | None = None
-    files: list[str] = field(default_factory=list)
+    free_bytes: int | None = None  # free space of the cache before the download
 
 
 def _mismatch(message: str) -> ApplicationError:
@@ -81,9 +68,9 @@ def _mismatch(message: str) -> ApplicationError:
 @workflow.defn(name="Import model")
 class ImportWorkflow:
     def __init__(self) -> None:
-        self._status = ImportStatus()
+        self._status = ImportStatus(doing="resolving the source")
 
-    @workflow.query(name="status")
+    @workflow.query(name=STATUS_QUERY)
     def status(self) -> ImportStatus:
         return self._status
 
@@ -105,15 +92,14 @@ class ImportWorkflow:
 
         reused = await self._published_already(request, resolved)
         if reused is not None:
-            self._status.phase, self._status.reused = "Published", True
+            self._status.doing, self._status.reused = "published (reused)", True
             return reused
 
-        self._status.phase = "Importing"
-        free_bytes: int = await on_importer(
+        self._status.doing = "importing"
+        free_bytes = await CACHE_CALL.schedule(
             CacheActivities.ensure_space,
             SpaceRequest(cache_root=request.cache_root, needed_bytes=resolved.total_size),
             queue=request.importer_task_queue,
-            policy=CACHE_CALL,
         )
         downloaded: list[DownloadedFile] = []
         for file in resolved.files:
@@ -129,21 +115,15 @@ class ImportWorkflow:
             self._status.files_done += 1
             self._status.bytes_completed += result.size
 
-        self._status.phase = "Publishing"
-        artifact: PublishedArtifact = await on_importer(
-            CacheActivities.publish,
-            PublishRequest(
-                cache_root=request.cache_root,
-                operation_id=request.operation_id,
-                files=downloaded,
-                entrypoint=resolved.entrypoint
-                if request.pvc is None
-                else resolved.entrypoint.rsplit("/", 1)[-1],
-            ),
-            queue=request.importer_task_queue,
-            policy=CACHE_CALL,
+        self._status.doing = "publishing"
+        artifact = await self._publish(
+            request,
+            files=downloaded,
+            entrypoint=resolved.entrypoint
+            if request.pvc is None
+            else resolved.entrypoint.rsplit("/", 1)[-1],
         )
-        self._status.phase = "Published"
+        self._status.doing = "published"
         return ImportResult(
             commit=resolved.commit,
             files=downloaded,
@@ -155,31 +135,24 @@ class ImportWorkflow:
 
     async def _resolve(self, request: ImportInput) -> ResolvedSource:
         if request.pvc is not None:
-            resolved: ResolvedSource = await on_importer(
-                PvcSourceActivities.resolve,
-                request.pvc,
-                queue=request.importer_task_queue,
-                policy=RESOLVE,
+            return await RESOLVE.schedule(
+                PvcSourceActivities.resolve, request.pvc, queue=request.importer_task_queue
             )
-            return resolved
         if request.source is None:
             raise ApplicationError(
                 "the import names no source", type="SourceUnavailable", non_retryable=True
             )
-        resolved = await on_importer(
+        return await RESOLVE.schedule(
             HuggingFaceActivities.resolve_source,
             request.source,
             queue=request.importer_task_queue,
-            policy=RESOLVE,
         )
-        return resolved
 
     async def _fetch(
         self, request: ImportInput, resolved: ResolvedSource, file: ResolvedFile
     ) -> DownloadedFile:
-        result: DownloadedFile
         if request.pvc is not None:
-            result = await on_importer(
+            return await TRANSFER.schedule(
                 PvcSourceActivities.copy_file,
                 CopyRequest(
                     source=request.pvc,
@@ -188,11 +161,9 @@ class ImportWorkflow:
                     operation_id=request.operation_id,
                 ),
                 queue=request.importer_task_queue,
-                policy=TRANSFER,
             )
-            return result
         assert request.source is not None
-        result = await on_importer(
+        return await TRANSFER.schedule(
             HuggingFaceActivities.download_file,
             DownloadRequest(
                 source=request.source,
@@ -202,9 +173,7 @@ class ImportWorkflow:
                 operation_id=request.operation_id,
             ),
             queue=request.importer_task_queue,
-            policy=TRANSFER,
         )
-        return result
 
     def _check_expectations(self, request: ImportInput, resolved: ResolvedSource) -> None:
         if request.expected_size is not None and resolved.total_size != request.expected_size:
@@ -230,25 +199,14 @@ class ImportWorkflow:
             files=[ManifestFile(path=f.path, size=f.size, sha256=f.sha256) for f in files],
             entrypoint=resolved.entrypoint,
         )
-        found: bool = await on_importer(
+        found = await CACHE_CALL.schedule(
             CacheActivities.lookup,
             LookupRequest(cache_root=request.cache_root, manifest_digest=manifest.digest),
             queue=request.importer_task_queue,
-            policy=CACHE_CALL,
         )
         if not found:
             return None
-        artifact: PublishedArtifact = await on_importer(
-            CacheActivities.publish,
-            PublishRequest(
-                cache_root=request.cache_root,
-                operation_id=request.operation_id,
-                files=files,
-                entrypoint=resolved.entrypoint,
-            ),
-            queue=request.importer_task_queue,
-            policy=CACHE_CALL,
-        )
+        artifact = await self._publish(request, files=files, entrypoint=resolved.entrypoint)
         return ImportResult(
             commit=resolved.commit,
             files=files,
@@ -257,10 +215,23 @@ class ImportWorkflow:
             operation_id=request.operation_id,
         )
 
+    async def _publish(
+        self, request: ImportInput, *, files: list[DownloadedFile], entrypoint: str
+    ) -> PublishedArtifact:
+        return await CACHE_CALL.schedule(
+            CacheActivities.publish,
+            PublishRequest(
+                cache_root=request.cache_root,
+                operation_id=request.operation_id,
+                files=files,
+                entrypoint=entrypoint,
+            ),
+            queue=request.importer_task_queue,
+        )
+
     async def _discard(self, request: ImportInput) -> None:
-        await on_importer(
+        await CACHE_CALL.schedule(
             CacheActivities.discard_staging,
             DiscardRequest(cache_root=request.cache_root, operation_id=request.operation_id),
             queue=request.importer_task_queue,
-            policy=CACHE_CALL,
         )

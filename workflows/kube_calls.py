@@ -1,30 +1,61 @@
-"""How entity workflows call Kubernetes activities: one timeout and retry policy,
-named here, so every workflow treats the API server the same way."""
+"""How workflows call activities on their own (control) task queue: the Kubernetes
+activities, and the Temporal one that reads an import's progress. One timeout and
+one retry policy, named here, so every workflow treats the API server the same way:
+answers that may change (404, 409, 429, 5xx, a claim not bound yet) are retried
+without limit; answers that will not (403, 422, other 4xx: `kube_errors`) end the
+call at once, and the workflow reports them and waits for a person."""
 
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
+from temporalio.exceptions import ApplicationError
+
+from workflows.calls import CallPolicy
+
+with workflow.unsafe.imports_passed_through():
+    from activities.kube_errors import PERMANENT_ERROR_TYPES
 
 KUBE_TIMEOUT = timedelta(seconds=30)
 KUBE_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=20)
+    initial_interval=timedelta(seconds=1),
+    maximum_interval=timedelta(seconds=20),
+    non_retryable_error_types=list(PERMANENT_ERROR_TYPES),
 )
+KUBE = CallPolicy(timeout=KUBE_TIMEOUT, retry=KUBE_RETRY)
+
+CLAIM_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    maximum_interval=timedelta(seconds=10),
+    non_retryable_error_types=["StorageUnavailable", *PERMANENT_ERROR_TYPES],
+)
+"""Finding a cache or source claim: a missing one is reported at once (it will not
+appear by waiting); one not bound yet is waited for."""
+CLAIM = CallPolicy(timeout=KUBE_TIMEOUT, retry=CLAIM_RETRY)
+
+call_kube = KUBE.schedule
+"""Schedule one activity on the control queue; `await` the handle for its result."""
 
 
-async def call_kube(method: Any, argument: Any) -> Any:
-    """Run one Kubernetes activity on the workflow's own (control) task queue."""
-    return await workflow.execute_activity_method(
-        method, argument, start_to_close_timeout=KUBE_TIMEOUT, retry_policy=KUBE_RETRY
-    )
+def failure_type(error: BaseException, *, default: str) -> tuple[str, str]:
+    """The typed reason and message behind a failed child workflow or activity (the
+    first `ApplicationError` with a type in its chain of causes)."""
+    current: BaseException | None = error
+    while current is not None:
+        if isinstance(current, ApplicationError) and current.type:
+            return current.type, current.message
+        current = getattr(current, "cause", None) or current.__cause__
+    return default, str(error)
 
 
-def start_kube(method: Any, argument: Any) -> Any:
-    """Start one Kubernetes activity without waiting for it (the caller awaits the
-    returned handle later)."""
-    return workflow.start_activity_method(
-        method, argument, start_to_close_timeout=KUBE_TIMEOUT, retry_policy=KUBE_RETRY
-    )
+def permanent_failure(error: BaseException) -> ApplicationError | None:
+    """The non-retryable `ApplicationError` (a 403, a 422, a missing claim...) behind
+    a failed activity or child workflow, if that is why it failed."""
+    current: BaseException | None = error
+    while current is not None:
+        if isinstance(current, ApplicationError) and current.non_retryable:
+            return current
+        current = getattr(current, "cause", None) or current.__cause__
+    return None

@@ -4,8 +4,9 @@ Each round lists the pods, asks the pure `plan_rollout` what to do, does it (cre
 replicas of the new fingerprint, remove dead pods, start a DrainWorkflow for each
 pod to retire) and sleeps briefly. New pods are ready before old ones drain, so
 capacity never drops during a template change. It ends when converged, when pods of
-the new template keep dying (a broken runtime should not be recreated forever), or
-at the progress deadline; the DeploymentWorkflow reports why and tries again later.
+the new template keep dying (a broken runtime should not be recreated forever), at
+the progress deadline, or when the API server refuses a call for good (a missing
+permission: `permanent`); the DeploymentWorkflow reports why and tries again later.
 """
 
 from __future__ import annotations
@@ -15,15 +16,16 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.exceptions import ActivityError, WorkflowAlreadyStartedError
 from temporalio.workflow import ParentClosePolicy
 
-from workflows.kube_calls import call_kube
+from workflows.kube_calls import call_kube, permanent_failure
+from workflows.status import TaskStatus
 
 with workflow.unsafe.imports_passed_through():
     from activities.serving_pods import CreatePod, PodName, PodsRequest, ServingPodActivities
     from kama.contracts import ObjectRef, drain_workflow_id
-    from kama.rollout import ObservedPod, plan_rollout
+    from kama.rollout import ObservedPod, RolloutStep, plan_rollout
     from kama.serving_pod import ServingTemplate, serving_pod_manifest
     from workflows.drain import DrainInput, DrainWorkflow
 
@@ -51,26 +53,44 @@ class RolloutResult:
     replicas: int
     reason: str = ""
     message: str = ""
+    permanent: bool = False  # the API server refused a call: retrying will not help
 
 
 @workflow.defn(name="Roll out model deployment")
-class RolloutWorkflow:
+class RolloutWorkflow(TaskStatus):
     def __init__(self) -> None:
-        self._doing = "starting"
-
-    @workflow.query(name="status")
-    def status(self) -> dict[str, str]:
-        return {"doing": self._doing}
+        super().__init__()
+        self._next_ordinal = 0
+        self._step: RolloutStep | None = None
 
     @workflow.run
     async def run(self, request: RolloutInput) -> RolloutResult:
+        self._next_ordinal = request.next_ordinal
+        try:
+            return await self._converge(request)
+        except ActivityError as error:
+            refused = permanent_failure(error)
+            if refused is None:
+                raise
+            self._status.doing = "stopped"
+            self._status.last_error = f"{refused.type}: {refused.message}"
+            return RolloutResult(
+                converged=False,
+                next_ordinal=self._next_ordinal,
+                ready=self._step.ready if self._step else 0,
+                replicas=self._step.replicas if self._step else 0,
+                reason=refused.type or "Refused",
+                message=refused.message,
+                permanent=True,
+            )
+
+    async def _converge(self, request: RolloutInput) -> RolloutResult:
         ref, fingerprint = request.ref, request.template.fingerprint()
-        next_ordinal = request.next_ordinal
         deadline = workflow.now() + timedelta(seconds=request.deadline_s)
         failed: dict[str, str] = {}
         observed = request.observed
         while True:
-            pods: list[ObservedPod] = (
+            pods = (
                 observed
                 if observed is not None
                 else await call_kube(
@@ -79,12 +99,12 @@ class RolloutWorkflow:
                 )
             )
             observed = None
-            next_ordinal = max([next_ordinal, *(p.ordinal + 1 for p in pods)])
-            step = plan_rollout(
+            self._next_ordinal = max([self._next_ordinal, *(p.ordinal + 1 for p in pods)])
+            step = self._step = plan_rollout(
                 pods=pods,
                 fingerprint=fingerprint,
                 desired=request.desired,
-                next_ordinal=next_ordinal,
+                next_ordinal=self._next_ordinal,
             )
             for pod in pods:
                 if pod.name in step.remove and pod.fingerprint == fingerprint:
@@ -93,7 +113,7 @@ class RolloutWorkflow:
                 last = sorted(failed.items())[-1]
                 return RolloutResult(
                     converged=False,
-                    next_ordinal=next_ordinal,
+                    next_ordinal=self._next_ordinal,
                     ready=step.ready,
                     replicas=step.replicas,
                     reason="RuntimeFailed",
@@ -112,7 +132,7 @@ class RolloutWorkflow:
                     ordinal=ordinal,
                 )
                 await call_kube(ServingPodActivities.create_pod, CreatePod(manifest=manifest))
-                next_ordinal = max(next_ordinal, ordinal + 1)
+                self._next_ordinal = max(self._next_ordinal, ordinal + 1)
             for name in step.drain:
                 await start_drain(
                     namespace=ref.namespace,
@@ -122,7 +142,7 @@ class RolloutWorkflow:
             if step.converged:
                 return RolloutResult(
                     converged=True,
-                    next_ordinal=next_ordinal,
+                    next_ordinal=self._next_ordinal,
                     ready=step.ready,
                     replicas=step.replicas,
                 )
@@ -130,14 +150,14 @@ class RolloutWorkflow:
                 stuck = [p.name for p in pods if p.unschedulable]
                 return RolloutResult(
                     converged=False,
-                    next_ordinal=next_ordinal,
+                    next_ordinal=self._next_ordinal,
                     ready=step.ready,
                     replicas=step.replicas,
                     reason="Unschedulable" if stuck else "ProgressDeadlineExceeded",
                     message=f"{step.waiting_for}"
                     + (f"; unschedulable: {', '.join(stuck)}" if stuck else ""),
                 )
-            self._doing = step.waiting_for or "converging"
+            self._status.doing = step.waiting_for or "converging"
             await workflow.sleep(ROUND_INTERVAL)
 
 

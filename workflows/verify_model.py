@@ -9,13 +9,12 @@ the volume, with progress as heartbeats.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 
-from workflows.importer_calls import CallPolicy, on_importer
+from workflows.importer_calls import HASH, RESOLVE_ON_CLAIM
+from workflows.status import TaskStatus
 
 with workflow.unsafe.imports_passed_through():
     from activities.cache import CacheActivities
@@ -23,19 +22,9 @@ with workflow.unsafe.imports_passed_through():
         InPlaceArtifact,
         InPlaceRequest,
         PvcSource,
-        ResolvedSource,
         VerifyPublishedRequest,
     )
     from activities.volume_source import PvcSourceActivities
-
-RESOLVE_TIMEOUT = timedelta(minutes=2)
-HASH_TIMEOUT = timedelta(hours=6)
-HASH_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
-VERIFY_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30)
-)
-RESOLVE_ON_CLAIM = CallPolicy(timeout=RESOLVE_TIMEOUT, retry=VERIFY_RETRY)
-HASH = CallPolicy(timeout=HASH_TIMEOUT, retry=VERIFY_RETRY, heartbeat=HASH_HEARTBEAT_TIMEOUT)
 
 
 @dataclass(frozen=True)
@@ -55,37 +44,26 @@ class VerifyResult:
 
 
 @workflow.defn(name="Verify model")
-class VerifyWorkflow:
-    def __init__(self) -> None:
-        self._phase = "starting"
-
-    @workflow.query(name="status")
-    def status(self) -> dict[str, str]:
-        return {"phase": self._phase}
-
+class VerifyWorkflow(TaskStatus):
     @workflow.run
     async def run(self, request: VerifyInput) -> VerifyResult:
         if request.pvc is not None:
             return await self._in_place(request, request.pvc)
-        self._phase = "re-hashing the published artifact"
-        checked: int = await on_importer(
+        self._status.doing = "re-hashing the published artifact"
+        checked = await HASH.schedule(
             CacheActivities.verify_published,
             VerifyPublishedRequest(
                 cache_root=request.cache_root, manifest_digest=request.manifest_digest
             ),
             queue=request.importer_task_queue,
-            policy=HASH,
         )
-        self._phase = "verified"
+        self._status.doing = "verified"
         return VerifyResult(bytes_checked=checked)
 
     async def _in_place(self, request: VerifyInput, pvc: PvcSource) -> VerifyResult:
-        self._phase = "resolving files on the claim"
-        resolved: ResolvedSource = await on_importer(
-            PvcSourceActivities.resolve,
-            pvc,
-            queue=request.importer_task_queue,
-            policy=RESOLVE_ON_CLAIM,
+        self._status.doing = "resolving files on the claim"
+        resolved = await RESOLVE_ON_CLAIM.schedule(
+            PvcSourceActivities.resolve, pvc, queue=request.importer_task_queue
         )
         if request.expected_size is not None and resolved.total_size != request.expected_size:
             raise ApplicationError(
@@ -93,12 +71,11 @@ class VerifyWorkflow:
                 type="ChecksumMismatch",
                 non_retryable=True,
             )
-        self._phase = "hashing in place"
-        found: InPlaceArtifact = await on_importer(
+        self._status.doing = "hashing in place"
+        found = await HASH.schedule(
             PvcSourceActivities.verify_in_place,
             InPlaceRequest(source=pvc, files=resolved.files, entrypoint=resolved.entrypoint),
             queue=request.importer_task_queue,
-            policy=HASH,
         )
         if (
             request.expected_sha256
@@ -110,5 +87,5 @@ class VerifyWorkflow:
                 type="ChecksumMismatch",
                 non_retryable=True,
             )
-        self._phase = "verified"
+        self._status.doing = "verified"
         return VerifyResult(bytes_checked=found.total_size, artifact=found)

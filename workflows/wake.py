@@ -17,11 +17,11 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 from workflows.kube_calls import call_kube
+from workflows.status import TaskStatus
 
 with workflow.unsafe.imports_passed_through():
     from activities.serving_pods import PodsRequest, ServingPodActivities
     from kama.contracts import REPLICA_READY, ObjectRef, deployment_workflow_id
-    from kama.rollout import ObservedPod
     from workflows.deployment import DeploymentWorkflow
 
 READY_POLL = timedelta(seconds=1)
@@ -41,9 +41,9 @@ class WakeResult:
 
 
 @workflow.defn(name="Wake model deployment")
-class WakeWorkflow:
+class WakeWorkflow(TaskStatus):
     def __init__(self) -> None:
-        self._doing = "starting"
+        super().__init__()
         self._seen_by_gateway = False
 
     @workflow.signal(name=REPLICA_READY)
@@ -52,10 +52,6 @@ class WakeWorkflow:
         does): the wake is done, and must not ask again after, say, a user scaled
         the model back to zero."""
         self._seen_by_gateway = True
-
-    @workflow.query(name="status")
-    def status(self) -> dict[str, str]:
-        return {"doing": self._doing}
 
     @workflow.run
     async def run(self, request: WakeInput) -> WakeResult:
@@ -67,10 +63,10 @@ class WakeWorkflow:
             if workflow.now() - asked >= WAKE_AGAIN_EVERY:
                 # asked again while waiting: a replica that came and went (scaled back
                 # down, crashed) before this workflow saw it must not leave the model at zero
-                self._doing = "asking the deployment to scale up"
+                self._status.doing = "asking the deployment to scale up"
                 await deployment.signal(DeploymentWorkflow.wake)
                 asked = workflow.now()
-            pods: list[ObservedPod] = await call_kube(
+            pods = await call_kube(
                 ServingPodActivities.list_pods,
                 PodsRequest(namespace=request.ref.namespace, deployment=request.ref.name),
             )
@@ -86,6 +82,6 @@ class WakeWorkflow:
                     type="ColdStartTimeout",
                     non_retryable=True,
                 )
-            self._doing = f"waiting for a ready replica ({len(pods)} pod(s))"
+            self._status.doing = f"waiting for a ready replica ({len(pods)} pod(s))"
             with contextlib.suppress(TimeoutError):
                 await workflow.wait_condition(lambda: self._seen_by_gateway, timeout=READY_POLL)
