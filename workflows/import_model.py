@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from temporalio import workflow
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError
 
 from workflows.importer_calls import CACHE_CALL, RESOLVE, TRANSFER
 
@@ -116,13 +116,19 @@ class ImportWorkflow:
             self._status.bytes_completed += result.size
 
         self._status.doing = "publishing"
-        artifact = await self._publish(
-            request,
-            files=downloaded,
-            entrypoint=resolved.entrypoint
-            if request.pvc is None
-            else resolved.entrypoint.rsplit("/", 1)[-1],
-        )
+        try:
+            artifact = await self._publish(
+                request,
+                files=downloaded,
+                entrypoint=resolved.entrypoint
+                if request.pvc is None
+                else resolved.entrypoint.rsplit("/", 1)[-1],
+            )
+        except ActivityError:
+            # a final refusal (InvalidGGUF, MissingShard, attempts used up): the staged
+            # bytes can never be published, so they do not stay on the volume
+            await self._discard(request)
+            raise
         self._status.doing = "published"
         return ImportResult(
             commit=resolved.commit,

@@ -23,12 +23,21 @@ DOWNLOAD_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     maximum_interval=timedelta(minutes=1),
     backoff_coefficient=2.0,
+    # each attempt resumes where the last heartbeat left off, so many transient network
+    # failures are fine; a download failing this often will not succeed by itself
+    maximum_attempts=50,
 )
 CACHE_TIMEOUT = timedelta(hours=1)
 VOLUME_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30)
+    initial_interval=timedelta(seconds=1),
+    maximum_interval=timedelta(seconds=30),
+    # ~8 minutes of a volume refusing the same work: not transient; the artifact says
+    # so in a condition and waits for `retry`
+    maximum_attempts=20,
 )
-"""Work on the volume itself (space, publication, hashing): retried until it is done."""
+"""Work on the volume itself (space, publication, hashing). The activities raise
+their own final errors (InvalidGGUF, MissingShard, ChecksumMismatch, …) as
+non-retryable; anything else is retried a bounded number of times."""
 HASH_TIMEOUT = timedelta(hours=6)
 HASH_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
 
