@@ -108,7 +108,7 @@ def test_scale_create_delete_and_routing_survive_a_control_plane_restart(
     seen = {routed_by(gw, steady) for _ in range(12)}
     assert all(pod.startswith("steady-") for pod in seen), seen
     processes_alive(gw)
-    ready = httpx.get(f"{gw.url}/readyz", timeout=10)
+    ready = httpx.get(f"{gw.ops_url}/readyz", timeout=10)
     assert ready.status_code == 200, ready.text
 
 
