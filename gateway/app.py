@@ -40,6 +40,7 @@ from temporalio.client import Client
 from gateway.backend_load import poll_backend_load
 from gateway.demand import report_demand
 from gateway.errors import GatewayError, server_refusal
+from gateway.held import DEFAULT_MAX_HELD_BYTES
 from gateway.inference import InferenceRoutes
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, Proxy
@@ -157,21 +158,22 @@ def public_app(holder: GatewayHolder) -> FastAPI:
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
-        models = sorted(holder.state.registry.models.values(), key=lambda m: m.key)
-        return {
-            "object": "list",
-            "data": [
+        registry = holder.state.registry
+        data = []
+        for m in sorted(registry.models.values(), key=lambda m: m.key):
+            owned, lost = registry.owned_aliases(m)
+            data.append(
                 {
                     "id": m.key,
                     "object": "model",
                     "created": m.created,
                     "owned_by": "kama",
-                    "aliases": list(m.aliases),
+                    "aliases": owned,  # the aliases that route here
+                    "aliases_owned_elsewhere": lost,  # claimed, owned by an older model
                     "ready": bool(m.endpoints),
                 }
-                for m in models
-            ],
-        }
+            )
+        return {"object": "list", "data": data}
 
     return app
 
@@ -208,6 +210,7 @@ def create_app(
     settings: Settings,
     api_factory: Callable[[], k8s.ApiClient],
     temporal_factory: Callable[[], Awaitable[Client]],
+    max_held_bytes: int = DEFAULT_MAX_HELD_BYTES,
 ) -> GatewayApp:
     holder = GatewayHolder()
 
@@ -228,7 +231,12 @@ def create_app(
             )
             holder.current = GatewayState(
                 registry=registry,
-                proxy=Proxy(registry=registry, upstream=transport, waker=waker),
+                proxy=Proxy(
+                    registry=registry,
+                    upstream=transport,
+                    waker=waker,
+                    max_held_bytes=max_held_bytes,
+                ),
                 metrics=metrics,
                 health=health,
             )

@@ -34,12 +34,13 @@ def parse_llama_metrics(text: str) -> tuple[int, int]:
     return int(values["llamacpp:requests_processing"]), int(values["llamacpp:requests_deferred"])
 
 
-async def _poll_one(http: httpx.AsyncClient, endpoint: Endpoint) -> None:
+async def poll_one(http: httpx.AsyncClient, endpoint: Endpoint, *, port: int = LLAMA_PORT) -> None:
+    """One poll of one replica. It goes around the registry's leases, so it is not
+    held back by the replica's slot cap (it takes one of llama-server's spare HTTP
+    threads, of which the runtime keeps a few beyond the slots)."""
     before = endpoint.in_flight
     try:
-        response = await http.get(
-            f"http://{endpoint.ip}:{LLAMA_PORT}/metrics", timeout=POLL_TIMEOUT_S
-        )
+        response = await http.get(f"http://{endpoint.ip}:{port}/metrics", timeout=POLL_TIMEOUT_S)
     except httpx.HTTPError:
         return
     if response.status_code == 200:
@@ -51,5 +52,5 @@ async def poll_backend_load(*, registry: ModelRegistry, http: httpx.AsyncClient)
     while True:
         endpoints = [e for m in list(registry.models.values()) for e in m.endpoints.values()]
         if endpoints:
-            await asyncio.gather(*(_poll_one(http, e) for e in endpoints))
+            await asyncio.gather(*(poll_one(http, e) for e in endpoints))
         await asyncio.sleep(POLL_INTERVAL_S)

@@ -12,9 +12,11 @@ from gateway.transport.exchange import Headers
 JSON_CONTENT_TYPE = ("content-type", "application/json")
 # what the server front refuses before a request reaches a route
 SERVER_REFUSAL_CODES = {
+    400: "bad_request",
     408: "request_timeout",
     413: "body_too_large",
     500: "internal_error",
+    501: "not_implemented",
 }
 
 

@@ -65,9 +65,14 @@ def parse_object(body: bytes) -> dict[str, Any]:
     return value
 
 
-def resolve(registry: ModelRegistry, name: object) -> Model:
+def model_name(name: object) -> str:
+    """The model the client asked for, as it named it."""
     if not isinstance(name, str) or not name:
         raise GatewayError(400, "the 'model' field is required (<namespace>/<name> or an alias)")
+    return name
+
+
+def resolve(registry: ModelRegistry, name: str) -> Model:
     model = registry.resolve(name)
     if model is None:
         raise GatewayError(404, f"model {name!r} does not exist", code="model_not_found")
@@ -85,11 +90,11 @@ async def serve_inference(
     try:
         fields = parse_object(request.body)
         if route.model_from_path is not None:
-            name: object = route.model_from_path
+            name = route.model_from_path
         elif route.model_from_header:
-            name = request.headers.get(MODEL_HEADER, "")
+            name = model_name(request.headers.get(MODEL_HEADER, ""))
         else:
-            name = fields.get("model")
+            name = model_name(fields.get("model"))
         model = resolve(proxy.registry, name)
         await proxy.forward(
             model=model,
@@ -99,6 +104,7 @@ async def serve_inference(
             headers=request.headers,
             route=route.route,
             reply=reply,
+            asked_as=name,
         )
     except GatewayError as exc:
         headers, body = exc.encoded()

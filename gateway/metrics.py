@@ -131,6 +131,17 @@ class GatewayMetrics:
         self.queued = Gauge(
             "kama_gateway_queued", "Requests held for a replica", ["model"], registry=r
         )
+        self.held_bytes = Gauge(
+            "kama_gateway_held_bytes",
+            "Bytes of request bodies held for a replica or a free slot",
+            registry=r,
+        )
+        self.slot_waiting = Gauge(
+            "kama_gateway_slot_waiting",
+            "Requests waiting for a free slot on a ready replica",
+            ["model"],
+            registry=r,
+        )
         self.queue_wait = Histogram(
             "kama_gateway_queue_wait_seconds", "Time held for a replica", ["model"], registry=r
         )

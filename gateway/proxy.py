@@ -1,28 +1,42 @@
-"""Forwarding one request to one replica and relaying its answer byte for byte.
+"""Forwarding one request to one replica and relaying its answer.
 
 The replica comes from the registry as a lease (released once, in one `finally`,
-whatever happens). A connection that fails before anything was sent is retried on
-another replica (one that refused stops being routed until its pod changes; one
-that timed out gets requests last for a few seconds); any later failure is the
-client's 502. The answer is relayed as chunks arrive (SSE included, no buffering,
-the replica's content-length kept when it sent one). If the client goes away the
-front cancels the request and the unfinished upstream answer is closed, which is
-how llama-server learns to stop generating. A replica that fails mid-answer cannot
-be reported in the status any more: a length-framed answer ends short (the client
-sees the connection close early), and an event stream gets a last event in the
-OpenAI error shape, which OpenAI clients raise."""
+whatever happens): at once if one has a free slot, else after the requests already
+waiting for one. Waiting for a first replica (cold start) or for a slot counts the
+body against the gateway-wide held-bytes budget (`gateway.held`). A connection that
+fails before anything was sent is retried on another replica (one that refused
+stops being routed until its pod changes; one that timed out gets requests last for
+a few seconds); any later failure is the client's 502.
+
+The answer names the model as the client asked for it (`gateway.answer_model`): a
+JSON answer up to 8 MiB is read whole and sent with its top-level "model" replaced;
+an event stream is relayed as it arrives, each `data:` line renamed (no more than
+one line held back); anything else is relayed as chunks arrive, the replica's
+content-length kept. If the client goes away the front cancels the request and the
+unfinished upstream answer is closed, which is how llama-server learns to stop
+generating. A replica that fails mid-answer: a JSON answer (not sent yet) is a 502,
+a longer length-framed answer ends short (the client sees the connection close
+early), and an event stream gets a last event in the OpenAI error shape, which
+OpenAI clients raise."""
 
 from __future__ import annotations
 
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import httpx
 
+from gateway.answer_model import (
+    MAX_DOCUMENT_BYTES,
+    EventStreamRenamer,
+    encoded_name,
+    rename_model,
+)
 from gateway.errors import GatewayError
+from gateway.held import DEFAULT_MAX_HELD_BYTES, HeldBytes
 from gateway.metrics import GatewayMetrics
 from gateway.registry import Lease, Model, ModelRegistry
 from gateway.transport.exchange import HeaderLookup, Headers, Reply
@@ -63,6 +77,11 @@ class Proxy:
     upstream: UpstreamTransport
     waker: Holder
     replica_port: int = LLAMA_PORT
+    max_held_bytes: int = DEFAULT_MAX_HELD_BYTES
+    held: HeldBytes = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.held = HeldBytes(limit=self.max_held_bytes, gauge=self.registry.metrics.held_bytes)
 
     async def forward(
         self,
@@ -74,19 +93,21 @@ class Proxy:
         headers: HeaderLookup,
         route: str,
         reply: Reply,
+        asked_as: str,
     ) -> None:
-        """Answer `reply` from a replica of `model`, or raise GatewayError."""
+        """Answer `reply` from a replica of `model`, or raise GatewayError. The answer
+        names the model `asked_as`, the name the client used."""
         started = time.monotonic()
         if not model.endpoints:
-            await self.waker.hold_until_ready(model)
+            await self._hold(model, size=len(body))
         forwarded = forwarded_headers(headers)
         tried: set[str] = set()
         held_again = False
         while True:
-            lease = self.registry.acquire(model, route=route, exclude=tried, now=time.monotonic())
+            lease = await self._lease(model, route=route, tried=tried, size=len(body))
             if lease is None:
                 if not tried and not held_again:  # the replicas left since the hold
-                    await self.waker.hold_until_ready(model)
+                    await self._hold(model, size=len(body))
                     held_again = True
                     continue
                 raise GatewayError(
@@ -103,12 +124,40 @@ class Proxy:
                 if upstream is None:
                     continue  # nothing reached that replica: another one may take it
                 relay = Relay(
-                    lease=lease, upstream=upstream, metrics=self.registry.metrics, started=started
+                    lease=lease,
+                    upstream=upstream,
+                    metrics=self.registry.metrics,
+                    started=started,
+                    asked_as=asked_as,
                 )
                 await relay.to(reply)
                 return
             finally:
                 lease.release()
+
+    async def _hold(self, model: Model, *, size: int) -> None:
+        """Wait for the model's first replica, its `size` bytes counted as held."""
+        with self.held.hold(size):
+            await self.waker.hold_until_ready(model)
+
+    async def _lease(self, model: Model, *, route: str, tried: set[str], size: int) -> Lease | None:
+        """A replica with a free slot, at once or after the requests already waiting
+        for one (see `ModelRegistry.wait_for_slot`, the wait counted as held bytes);
+        None if none is left to try."""
+        registry = self.registry
+        if not model.slot_waiters:
+            lease = registry.acquire(model, route=route, exclude=tried, now=time.monotonic())
+            if lease is not None:
+                return lease
+        if not registry.can_wait(model, exclude=tried):
+            return None
+        waiting = registry.metrics.slot_waiting.labels(model.key)
+        with self.held.hold(size):
+            waiting.inc()
+            try:
+                return await registry.wait_for_slot(model, route=route, exclude=tried)
+            finally:
+                waiting.dec()
 
     async def _send(
         self,
@@ -159,12 +208,13 @@ class Proxy:
 
 @dataclass
 class Relay:
-    """One replica's answer, relayed to one client."""
+    """One replica's answer, relayed to one client, naming the model as it asked."""
 
     lease: Lease
     upstream: UpstreamBody
     metrics: GatewayMetrics
     started: float
+    asked_as: str
 
     def response_headers(self) -> tuple[Headers, str | None]:
         """The replica's headers to pass on, and its content-length if it sent one."""
@@ -183,13 +233,23 @@ class Relay:
     async def to(self, reply: Reply) -> None:
         series = self.lease.series
         headers, length = self.response_headers()
+        events = _content_type(headers, "text/event-stream")
+        renamer = EventStreamRenamer(name=self.asked_as) if events else None
         try:
             whole = self.upstream.take_whole_body()
-            if whole is not None:  # a short answer that is all here: one write
+            if whole is None and _document(headers, length):
                 series.ttft.observe(time.monotonic() - self.started)
+                whole = b"".join([chunk async for chunk in self.upstream])
+            elif whole is not None:  # a short answer that is all here: one write
+                series.ttft.observe(time.monotonic() - self.started)
+            if whole is not None:
+                if renamer is not None:
+                    whole = renamer.feed(whole) + renamer.close()
+                elif _content_type(headers, "application/json"):
+                    whole = rename_model(whole, encoded_name(self.asked_as))
                 reply.send(self.upstream.status, headers, whole)
                 return
-            if length is not None:
+            if length is not None and renamer is None:
                 headers.append(("content-length", length))
             reply.start(self.upstream.status, headers)
             first = True
@@ -197,7 +257,11 @@ class Relay:
                 if first:
                     series.ttft.observe(time.monotonic() - self.started)
                     first = False
-                await reply.write(chunk)
+                piece = chunk if renamer is None else renamer.feed(chunk)
+                if piece:
+                    await reply.write(piece)
+            if renamer is not None and (rest := renamer.close()):
+                await reply.write(rest)
         except httpx.HTTPError as exc:
             self.metrics.upstream_errors.labels(self.lease.model.key, type(exc).__name__).inc()
             log.warning(
@@ -206,21 +270,35 @@ class Relay:
                 self.lease.model.key,
                 exc,
             )
-            if length is None and _is_event_stream(headers):
-                await reply.write(self._error_event(exc))
+            if not reply.status:  # a JSON answer read whole: nothing sent yet
+                raise self._error(exc) from None
+            if renamer is not None:  # what had arrived, then the error as the last event
+                await reply.write(renamer.close() + self._error_event(exc))
         finally:
             await self.upstream.aclose()
             series.duration.observe(time.monotonic() - self.started)
 
-    def _error_event(self, exc: httpx.HTTPError) -> bytes:
-        error = GatewayError(
+    def _error(self, exc: httpx.HTTPError) -> GatewayError:
+        return GatewayError(
             502,
             f"replica {self.lease.endpoint.pod} failed mid-answer: {type(exc).__name__}",
             type="api_error",
             code="upstream_failed",
         )
-        return b"data: " + json.dumps(error.shape()).encode() + b"\n\n"
+
+    def _error_event(self, exc: httpx.HTTPError) -> bytes:
+        return b"data: " + json.dumps(self._error(exc).shape()).encode() + b"\n\n"
 
 
-def _is_event_stream(headers: Headers) -> bool:
-    return any(name == "content-type" and v.startswith("text/event-stream") for name, v in headers)
+def _content_type(headers: Headers, kind: str) -> bool:
+    return any(name == "content-type" and v.startswith(kind) for name, v in headers)
+
+
+def _document(headers: Headers, length: str | None) -> bool:
+    """A JSON answer small enough to be read whole, so its model can be renamed."""
+    return (
+        length is not None
+        and length.isdigit()
+        and int(length) <= MAX_DOCUMENT_BYTES
+        and _content_type(headers, "application/json")
+    )

@@ -1,7 +1,7 @@
 """What the gateway knows about models and their replicas, kept from watches.
 
-ModelDeployments give names, aliases, scaling limits and the reason a model is not
-serving; Kama's serving pods give endpoints (ready, not draining, not deleting,
+ModelDeployments give names, aliases, scaling limits, the reason a model is not
+serving and whether it cannot start at all (`gateway.deployment_status`); Kama's serving pods give endpoints (ready, not draining, not deleting,
 with an IP and a slot count from their serving plan). Watch threads hand objects
 to `apply_*` on the event loop; request handlers read. Waiters for a model at
 zero are woken when its first endpoint appears.
@@ -9,17 +9,27 @@ zero are woken when its first endpoint appears.
 A request takes its replica with `acquire`, which picks one and counts the request
 in flight there (and in the model, and in the metrics) and hands back a `Lease`; the
 lease's `release` is the only way those counts go down, and the proxy calls it once,
-in a `finally` (kubeai's `AwaitBestAddress` returns its `done` the same way)."""
+in a `finally` (kubeai's `AwaitBestAddress` returns its `done` the same way).
+
+A replica takes at most `slots` requests from this gateway (see `gateway.routing`).
+When every replica of a model is full, `wait_for_slot` queues the request in the
+model's FIFO queue, here where routing sees it; a release hands the freed slot to
+the longest waiting request (which reuses the connection just left idle), so a
+burst goes to whichever replica frees first."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
+from collections import deque
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from gateway.aliases import alias_owners
+from gateway.deployment_status import cannot_start, not_serving_reason
 from gateway.metrics import GatewayMetrics, RequestSeries
 from gateway.routing import choose_endpoint
 from kama.durations import parse_duration
@@ -67,7 +77,8 @@ class Model:
     aliases: tuple[str, ...] = ()
     max_queued: int = DEFAULT_MAX_QUEUED
     cold_start_s: float = DEFAULT_COLD_START_S
-    reason: str = ""
+    reason: str = ""  # why it is not serving, for messages
+    cannot_start: str | None = None  # why it cannot start a replica: requests fail fast
     endpoints: dict[str, Endpoint] = field(default_factory=dict)
     starting: dict[str, Endpoint] = field(default_factory=dict)  # running, not Ready yet
     held: int = 0  # requests waiting for a replica
@@ -75,10 +86,20 @@ class Model:
     requests_since_report: int = 0
     created: int = 0
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    slot_waiters: deque[SlotWaiter] = field(default_factory=deque)  # every replica full
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+
+@dataclass(eq=False, slots=True)
+class SlotWaiter:
+    """A request waiting for a free slot on a replica it has not tried yet."""
+
+    route: str
+    exclude: Collection[str]
+    granted: asyncio.Future[Lease | None]
 
 
 def _slots(pod: dict[str, Any]) -> int:
@@ -107,16 +128,6 @@ def _pod_state(pod: dict[str, Any]) -> str:
     return "routable" if ready else "starting"
 
 
-def _reason(status: dict[str, Any]) -> str:
-    conditions = {c.get("type"): c for c in status.get("conditions") or []}
-    for kind in ("ArtifactReady", "FitFailed", "RuntimeReady"):
-        c = conditions.get(kind)
-        bad = c is not None and (c.get("status") == "True") == (kind == "FitFailed")
-        if c is not None and bad and c.get("reason") not in ("ScaledToZero", "Starting"):
-            return f"{c.get('reason')}: {c.get('message')}"
-    return str(status.get("reason") or "")
-
-
 @dataclass(eq=False, slots=True)
 class Lease:
     """One request's place on one replica, from `ModelRegistry.acquire` to `release`."""
@@ -124,32 +135,45 @@ class Lease:
     model: Model
     endpoint: Endpoint
     series: RequestSeries
+    registry: ModelRegistry
     released: bool = False
 
     def release(self) -> None:
-        """The request is over (answered, failed or abandoned); a second call does nothing."""
+        """The request is over (answered, failed or abandoned); a second call does
+        nothing. The freed slot goes to the longest waiting request, if any."""
         if self.released:
             return
         self.released = True
         self.endpoint.in_flight -= 1
         self.model.in_flight -= 1
         self.series.end()
+        if self.model.slot_waiters:
+            self.registry.grant_slots(self.model)
 
 
 class ModelRegistry:
     def __init__(self, *, metrics: GatewayMetrics | None = None) -> None:
         self.metrics = metrics or GatewayMetrics()
         self.models: dict[str, Model] = {}
+        self.alias_owners: dict[str, str] = {}  # alias -> key of the model it routes to
         self._pods: dict[str, tuple[str, dict[str, Any]]] = {}  # ns/pod -> (model key, pod)
 
     # name resolution ------------------------------------------------------------
 
     def resolve(self, name: str) -> Model | None:
-        """`<namespace>/<name>`, or an alias no other model uses."""
-        if name in self.models:
-            return self.models[name]
-        matches = [m for m in self.models.values() if name in m.aliases]
-        return matches[0] if len(matches) == 1 else None
+        """`<namespace>/<name>`, or an alias, which routes to the oldest model that
+        claims it (`gateway.aliases`)."""
+        model = self.models.get(name)
+        if model is None and (owner := self.alias_owners.get(name)) is not None:
+            model = self.models.get(owner)
+        return model
+
+    def owned_aliases(self, model: Model) -> tuple[list[str], dict[str, str]]:
+        """The aliases `model` claims and owns, and those it claims that another
+        (older) model owns, with their owner."""
+        owned = [a for a in model.aliases if self.alias_owners.get(a) == model.key]
+        lost = {a: self.alias_owners[a] for a in model.aliases if a not in owned}
+        return owned, lost
 
     # watch events (on the event loop) -------------------------------------------
 
@@ -159,21 +183,27 @@ class ModelRegistry:
         if event == "DELETED" or meta.get("deletionTimestamp"):
             model = self.models.pop(key, None)
             if model is not None:
-                model.ready.set()  # release waiters; they find the model gone
+                self._retire(model)
+                self.alias_owners = alias_owners(self.models.values())
             return
         scaling = spec.get("scaling") or {}
         model = self.models.get(key)
         if model is None or model.uid != meta["uid"]:
+            if model is not None:
+                self._retire(model)  # deleted and created again under the same name
             model = Model(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
             self.models[key] = model
             for pod_key, (owner, pod) in list(self._pods.items()):
                 if owner == key:
                     self._place_pod(pod_key, owner, pod)
         model.aliases = tuple(spec.get("aliases") or ())
+        model.created = int(_created(meta))
+        self.alias_owners = alias_owners(self.models.values())
         model.max_queued = int(scaling.get("maxQueuedRequests", DEFAULT_MAX_QUEUED))
         model.cold_start_s = parse_duration(scaling.get("coldStartTimeout", "10m")).total_seconds()
-        model.reason = _reason(obj.get("status") or {})
-        model.created = int(_created(meta))
+        model.reason = not_serving_reason(obj)
+        model.cannot_start = cannot_start(obj)
+        self._update_ready(model)  # held requests learn if it cannot start
 
     def apply_pod(self, event: str, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
@@ -228,10 +258,20 @@ class ModelRegistry:
             self._update_ready(model)
 
     def _update_ready(self, model: Model) -> None:
-        if model.endpoints:
+        """`ready` is set while held requests have their answer: a replica to go to,
+        or a reason the model cannot start."""
+        if model.endpoints or model.cannot_start:
             model.ready.set()
         else:
             model.ready.clear()
+        if model.slot_waiters:
+            self.grant_slots(model)  # a replica came (more room) or went (fewer to try)
+
+    def _retire(self, model: Model) -> None:
+        """The model is gone: whoever waits for it is released and finds it gone."""
+        model.endpoints.clear()
+        model.ready.set()
+        self.grant_slots(model)
 
     # requests ------------------------------------------------------------------
 
@@ -249,7 +289,46 @@ class ModelRegistry:
         model.in_flight += 1
         model.requests_since_report += 1
         series.begin()
-        return Lease(model=model, endpoint=endpoint, series=series)
+        return Lease(model=model, endpoint=endpoint, series=series, registry=self)
+
+    def can_wait(self, model: Model, *, exclude: Collection[str]) -> bool:
+        """Whether a request that found no free slot may wait for one: some replica it
+        has not tried is routable (all full, or others wait already)."""
+        return any(pod not in exclude for pod in model.endpoints)
+
+    async def wait_for_slot(
+        self, model: Model, *, route: str, exclude: Collection[str]
+    ) -> Lease | None:
+        """A lease on the first replica (not in `exclude`) with a free slot, after the
+        requests queued before this one; None once no such replica is left to try."""
+        if not self.can_wait(model, exclude=exclude):
+            return None
+        waiter = SlotWaiter(route, exclude, asyncio.get_running_loop().create_future())
+        model.slot_waiters.append(waiter)
+        self.grant_slots(model)  # waiters that left are skipped; a free slot is granted now
+        try:
+            return await waiter.granted
+        except asyncio.CancelledError:  # the waiter stays queued, done: granting skips it
+            granted = waiter.granted
+            lease = granted.result() if granted.done() and not granted.cancelled() else None
+            if lease is not None:
+                lease.release()  # granted as its client left: pass it on
+            raise
+
+    def grant_slots(self, model: Model) -> None:
+        """Hand free slots to waiting requests, longest waiting first; a request with
+        no replica left to try gets None."""
+        waiters, now = model.slot_waiters, time.monotonic()
+        while waiters:
+            waiter = waiters[0]
+            if waiter.granted.done():  # cancelled: its client left
+                waiters.popleft()
+                continue
+            lease = self.acquire(model, route=waiter.route, exclude=waiter.exclude, now=now)
+            if lease is None and self.can_wait(model, exclude=waiter.exclude):
+                return  # every replica it may use is full: the next release comes back here
+            waiters.popleft()
+            waiter.granted.set_result(lease)
 
     def drop_endpoint(self, model: Model, endpoint: Endpoint) -> None:
         """A connection to it failed: stop routing there until the watch says otherwise."""

@@ -1,7 +1,9 @@
 """Requests for a model with no ready replica: start (or join) its WakeWorkflow and
 hold the request in a bounded per-model queue until the first endpoint appears.
 Overflow is 429, the cold-start timeout 503; both carry Retry-After, and the 503
-says why the deployment is not serving.
+says why the deployment is not serving. A model whose status says it cannot start
+(`gateway.deployment_status`) is not woken: its requests get their 503 with the
+reason at once, and requests already held get it as soon as the status says so.
 
 Temporal may be away (restarting, partitioned, stalled) when the first request
 arrives: every call carries an RPC timeout, and starting/joining the wake is retried
@@ -85,7 +87,7 @@ class Waker:
         wait ended before any attempt succeeded)."""
         backoff = WAKE_RETRY_START_S
         failures = 0
-        while model.held and not model.endpoints:
+        while model.held and not model.endpoints and not model.cannot_start:
             try:
                 run_id = await self._start_wake_once(model)
             except (RPCError, RuntimeError, TimeoutError) as exc:
@@ -138,6 +140,8 @@ class Waker:
         """Return once the model has an endpoint; raise GatewayError 429/503 otherwise."""
         if model.endpoints:
             return
+        if model.cannot_start:
+            raise _cannot_start(model)
         if model.held >= model.max_queued:
             raise GatewayError(
                 429,
@@ -169,6 +173,8 @@ class Waker:
         finally:
             model.held -= 1
             self.metrics.queued.labels(model.key).dec()
+        if not model.endpoints and model.cannot_start:
+            raise _cannot_start(model)
         if not model.endpoints:  # woken by the model's deletion, or its replica went away
             raise GatewayError(
                 503,
@@ -210,6 +216,16 @@ class Waker:
                 if attempt == READY_SIGNAL_ATTEMPTS:
                     raise  # the wake also ends by itself once it lists a ready pod
                 await asyncio.sleep(WAKE_RETRY_START_S * attempt)
+
+
+def _cannot_start(model: Model) -> GatewayError:
+    return GatewayError(
+        503,
+        f"model {model.key} cannot start: {model.cannot_start}",
+        type="service_unavailable",
+        code="cannot_start",
+        retry_after_s=RETRY_AFTER_COLD_START_S,
+    )
 
 
 def _log_failure(task: asyncio.Task[Any]) -> None:

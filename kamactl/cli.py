@@ -54,6 +54,7 @@ def _gateway(args: argparse.Namespace) -> int:
         settings=settings,
         api_factory=kube_api,
         temporal_factory=lambda: connect_temporal(settings),
+        max_held_bytes=args.max_held_bytes,
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # no log line per request
     run(
@@ -64,6 +65,19 @@ def _gateway(args: argparse.Namespace) -> int:
         ops_listen=Listen(host=args.ops_host or args.host, port=args.ops_port),
     )
     return 0
+
+
+def _byte_quantity(value: str) -> int:
+    """A command-line size as a Kubernetes quantity (`256Mi`), at least one byte."""
+    from kama.quantities import parse_bytes
+
+    try:
+        size = parse_bytes(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte: {value!r}")
+    return size
 
 
 def _runtime(args: argparse.Namespace) -> int:
@@ -96,6 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gateway.add_argument(
         "--ops-host", default=None, help="address for the operational port (default: --host)"
+    )
+    gateway.add_argument(
+        "--max-held-bytes",
+        type=_byte_quantity,
+        default="256Mi",
+        help="request bytes the gateway holds at most while requests wait for a replica or "
+        "a free slot, over all models; past it they get 429 (a quantity: 256Mi, 1Gi)",
     )
     gateway.set_defaults(func=_gateway)
     sub.add_parser(

@@ -8,10 +8,15 @@ know about this app:
 
 - the lean path: a request the app's `LeanRoutes` claims (inference) goes straight
   to its handler; everything else goes to the FastAPI app (`gateway.transport.asgi`);
+- what RFC 9112 asks of a server and granian leaves to the app (`framing`): Host
+  present once, Transfer-Encoding exactly `chunked`, no trailers, a chunked body in
+  chunks of a sane size; refused with `connection: close`, as the framing of what
+  follows on that connection is in doubt;
 - the body limit (413, from the declared length before anything is read, or as the
-  body arrives; the rest of an upload is then read and dropped, so the client gets
-  to read the answer) and the body's arrival deadline (408), both answered in the
-  app's refusal shape; a handler that fails before answering is a 500 in that shape;
+  body arrives; the rest of an upload is then read and dropped, within bounds, so the
+  client gets to read the answer) and the body's arrival deadline (408), both
+  answered in the app's refusal shape; a handler that fails before answering is a
+  500 in that shape;
 - a client that leaves cancels its request. granian reports a disconnect through a
   per-request future that costs about as much as the rest of a proxied request, so
   it is armed only for requests still running after `WATCH_AFTER_S` (a long
@@ -34,13 +39,16 @@ from granian.rsgi import Scope
 
 from gateway.transport.asgi import call_asgi
 from gateway.transport.exchange import Headers, LeanRoutes, Refusal, Request
+from gateway.transport.framing import BodyRefused, head_refusal, read_chunked
 
 log = logging.getLogger("kama.gateway")
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 BODY_ARRIVAL_S = 30.0  # from the head to the body's last byte (slow senders)
 DRAIN_BYTES = 64 * 1024 * 1024  # read and dropped after a 413, so the client reads it
+DRAIN_PIECES = 4096  # each piece is an await: a body of tiny chunks is drained briefly
 DRAIN_S = 2.0
+CLOSE = ("connection", "close")
 WATCH_AFTER_S = 0.2  # a request running this long is cancelled when its client leaves
 SWEEP_S = 0.1
 
@@ -169,6 +177,10 @@ class PublicFront:
         reply = RSGIReply(proto, asyncio.current_task(), self.clock)
         self.replies.add(reply)
         try:
+            refused = head_refusal(http_version=scope.http_version, fields=scope.headers)
+            if refused is not None:
+                self._refuse(reply, *refused, close=True)
+                return
             body = await self._read_body(scope, proto, reply)
             if body is None:
                 return
@@ -199,21 +211,23 @@ class PublicFront:
         reply.read_deadline = self.clock + BODY_ARRIVAL_S
         try:
             if declared is not None and int(declared) > self.max_body:
-                await self._too_large(body_chunks(proto), reply)
+                message = f"request body is larger than {self.max_body} bytes"
+                self._refuse(reply, 413, message)
+                await self._drain(body_chunks(proto), reply)
                 return None
             if declared is not None:
                 body: bytes = await proto()
                 return body
             if "transfer-encoding" not in scope.headers:
                 return b""
-            chunks, size, stream = [], 0, body_chunks(proto)
-            async for chunk in stream:
-                size += len(chunk)
-                if size > self.max_body:
-                    await self._too_large(stream, reply)
-                    return None
-                chunks.append(chunk)
-            return b"".join(chunks)
+            stream = body_chunks(proto)
+            try:
+                return await read_chunked(stream, max_body=self.max_body)
+            except BodyRefused as refused:
+                self._refuse(reply, refused.status, refused.message, close=refused.status != 413)
+                if refused.drain:
+                    await self._drain(stream, reply)
+                return None
         except asyncio.CancelledError:
             if not reply.timed_out or reply.client_gone or reply.task is None:
                 raise
@@ -226,18 +240,19 @@ class PublicFront:
         finally:
             reply.read_deadline = None
 
-    async def _too_large(self, stream: AsyncIterator[bytes], reply: RSGIReply) -> None:
-        """Answer 413 at once, then read and drop what the client still sends (up
-        to `DRAIN_BYTES`, for up to `DRAIN_S`): a connection closed under an upload in
-        progress is reset, and the client might never read its answer."""
-        self._refuse(reply, 413, f"request body is larger than {self.max_body} bytes")
+    async def _drain(self, stream: AsyncIterator[bytes], reply: RSGIReply) -> None:
+        """After a refusal, read and drop what the client still sends (up to
+        `DRAIN_BYTES` in `DRAIN_PIECES` pieces, for up to `DRAIN_S`): a connection
+        closed under an upload in progress is reset, and the client might never read
+        its answer."""
         reply.read_deadline = self.clock + DRAIN_S
-        drained = 0
+        drained = pieces = 0
         async for chunk in stream:
             drained += len(chunk)
-            if drained > DRAIN_BYTES:
+            pieces += 1
+            if drained > DRAIN_BYTES or pieces > DRAIN_PIECES:
                 break
 
-    def _refuse(self, reply: RSGIReply, status: int, message: str) -> None:
+    def _refuse(self, reply: RSGIReply, status: int, message: str, *, close: bool = False) -> None:
         headers, body = self.refusal(status, message)
-        reply.send(status, headers, body)
+        reply.send(status, [*headers, CLOSE] if close else headers, body)

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -68,6 +69,7 @@ def test_openai_and_native_routes(gateway: GatewayProcess, namespace: str, tmp_p
         model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=8
     )
     assert reply.choices[0].message.content and reply.usage and reply.usage.completion_tokens > 0
+    assert reply.model == model, "the answer names the model the client asked for"
     chunks = list(
         api.chat.completions.create(
             model=f"tiny-{namespace}",
@@ -77,8 +79,9 @@ def test_openai_and_native_routes(gateway: GatewayProcess, namespace: str, tmp_p
         )
     )
     assert len(chunks) > 2 and any(c.choices and c.choices[0].delta.content for c in chunks)
+    assert {c.model for c in chunks} == {f"tiny-{namespace}"}, "streamed chunks name the alias"
     completion = api.completions.create(model=model, prompt="once upon", max_tokens=8)
-    assert completion.choices[0].text
+    assert completion.choices[0].text and completion.model == model
     native = httpx.post(
         f"{gw.url}/completion",
         headers={"X-Kama-Model": model},
@@ -310,6 +313,32 @@ def test_queue_overflow_and_unstartable_model(
     assert refused.status_code == 503 and refused.headers["retry-after"]
     assert "FitFailed" in refused.json()["error"]["message"]
 
+    # with a long coldStartTimeout the 503 still comes as soon as the status says the
+    # model cannot start: here the request is sent as soon as the gateway knows the
+    # model, so it is usually held before the FitFailed condition is written
+    apply(
+        gw.control.stack,
+        deployment(
+            namespace, "stuck", "narrow-model",
+            placement={"mode": "CPU"},
+            runtime={"contextSize": 1 << 22, "concurrency": 256},
+            scaling={"coldStartTimeout": "10m"},
+        ),
+    )  # fmt: skip
+    started = time.monotonic()
+    while True:
+        held = httpx.post(
+            f"{gw.url}/v1/completions",
+            json={"model": f"{namespace}/stuck", "prompt": "x", "max_tokens": 2},
+            timeout=90,
+        )
+        if held.status_code != 404 or time.monotonic() - started > 30:
+            break
+        time.sleep(0.05)  # the gateway's watch has not brought the deployment yet
+    waited = time.monotonic() - started
+    assert held.status_code == 503 and "FitFailed" in held.json()["error"]["message"], held.text
+    assert waited < 60, f"answered after {waited:.1f}s, not at the end of the 10m coldStartTimeout"
+
 
 def test_idle_model_goes_back_to_zero_unless_streaming(
     gateway: GatewayProcess, namespace: str, tmp_path: Path
@@ -354,3 +383,92 @@ def test_idle_model_goes_back_to_zero_unless_streaming(
         what="idle scale to zero",
     )
     assert any("idleTimeout" in m for m in scale_events(gw, namespace, "idler"))
+
+
+def connections_to(ip: str, port: int) -> int:
+    """Established TCP connections whose far end is `ip:port`, from /proc/net/tcp
+    (the stack's pods are processes on this machine's loopback addresses)."""
+    address = "".join(f"{int(part):02X}" for part in reversed(ip.split(".")))
+    far = f"{address}:{port:04X}"
+    lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    return sum(1 for line in lines if line.split()[2] == far and line.split()[3] == "01")
+
+
+class ConnectionWatch:
+    """The most connections open to one replica's llama-server port at any moment
+    while it runs, sampled every few milliseconds in a thread."""
+
+    def __init__(self, ip: str) -> None:
+        self.ip = ip
+        self.most = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.most = max(self.most, connections_to(self.ip, LLAMA_PORT))
+            time.sleep(0.005)
+
+    def __enter__(self) -> ConnectionWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def test_a_burst_at_a_warm_model_is_answered_in_waves_without_stalls(
+    gateway: GatewayProcess, namespace: str, tmp_path: Path
+) -> None:
+    """4x the slots at once: the gateway keeps at most `slots` requests (so at most
+    `slots` connections) on the replica and queues the rest, so no connection waits
+    for one of llama-server's HTTP threads (each of which keeps an idle keep-alive
+    connection for seconds). Besides the gateway's, the replica's port sees the
+    gateway's load poll and its supervisor's health checks: at most `slots` + 3.
+
+    The bound on time: the spread between the first and the last answer is at most
+    twice the number of waves times the latency of one wave (`slots` requests at
+    once), measured just before on the same replica, so a slow host scales the bound
+    with it; a connection left waiting for an HTTP thread adds the 2-5 s keep-alive
+    expiry on top."""
+    gw = gateway
+    slots = 4
+    serve(
+        gw, namespace, tmp_path, "bursty", 76,
+        replicas=1, runtime={"contextSize": 512, "concurrency": slots}, resources={"cpu": "100m"},
+    )  # fmt: skip
+    wait_ready(gw.control, namespace, "bursty", 1)
+    model = f"{namespace}/bursty"
+    eventually(
+        lambda: completion_pod(gw, model, 1).startswith("bursty-"), timeout=30, what="routing"
+    )
+    (pod,) = routable(serving_pods(gw.control, namespace, "bursty"))
+
+    def burst(size: int) -> list[tuple[str, float]]:
+        """`size` requests sent at the same moment: (pod, when answered)."""
+        start = threading.Barrier(size)
+
+        def one(_: int) -> tuple[str, float]:
+            start.wait()
+            return completion_pod(gw, model, 16), time.monotonic()
+
+        with concurrent.futures.ThreadPoolExecutor(size) as pool:
+            return list(pool.map(one, range(size)))
+
+    one_wave = 0.0
+    for _ in range(3):
+        started = time.monotonic()
+        one_wave = max(one_wave, max(at for _, at in burst(slots)) - started)
+    time.sleep(3)  # past every keep-alive expiry: the burst starts from a clean slate
+    with ConnectionWatch(pod["status"]["podIP"]) as watch:
+        results = burst(4 * slots)
+    assert all(name.startswith("bursty-") for name, _ in results), results
+    assert watch.most <= slots + 3, f"{watch.most} connections to a replica with {slots} slots"
+    finished = sorted(at for _, at in results)
+    waves = 4
+    spread = finished[-1] - finished[0]
+    print(f"burst: spread {spread:.2f}s, one wave {one_wave:.2f}s, {watch.most} connections")
+    assert spread <= 2 * waves * one_wave, (
+        f"answers spread over {spread:.2f}s, one wave takes {one_wave:.2f}s: {finished}"
+    )

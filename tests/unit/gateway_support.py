@@ -1,16 +1,22 @@
 """Watch objects and a ready-made gateway state for the gateway's tests and its
-benchmark: a ModelDeployment, a serving pod, and a state whose one model has
-replicas at given addresses, with no watches and no Temporal behind it."""
+benchmark: a ModelDeployment, a serving pod, a state whose one model has replicas
+at given addresses (or none, behind a wake queue on a recording stand-in for
+Temporal), with no watches behind it."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+import httpx
+
 from gateway.app import GatewayState
+from gateway.held import DEFAULT_MAX_HELD_BYTES
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import Proxy
 from gateway.registry import Model, ModelRegistry
 from gateway.transport.upstream import UpstreamTransport
+from gateway.wake import Waker
 from kama.serving_plan import ServingPlan
 from watcher.watch import WatchHealth
 
@@ -21,6 +27,7 @@ def deployment(
     namespace: str = "ns",
     uid: str = "u1",
     aliases: list[str] | None = None,
+    created: str = "2026-01-01T00:00:00Z",
     **status: Any,
 ) -> dict[str, Any]:
     return {
@@ -28,7 +35,7 @@ def deployment(
             "namespace": namespace,
             "name": name,
             "uid": uid,
-            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "creationTimestamp": created,
         },
         "spec": {
             "aliases": aliases or [],
@@ -65,6 +72,34 @@ def pod(
     }
 
 
+class RecordingTemporal:
+    """Stands in for the Temporal client in the wake queue's unit tests: it records
+    the wake workflows the gateway starts and the signals it sends them (the real
+    calls are covered on the stack)."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.signalled: list[tuple[str, str | None, str]] = []
+
+    async def start_workflow(self, *_args: Any, id: str, **_kwargs: Any) -> RecordingHandle:
+        self.started.append(id)
+        return RecordingHandle(temporal=self, workflow_id=id, run_id=f"run-{len(self.started)}")
+
+    def get_workflow_handle(self, workflow_id: str, *, run_id: str | None) -> RecordingHandle:
+        return RecordingHandle(temporal=self, workflow_id=workflow_id, run_id=run_id)
+
+
+@dataclass
+class RecordingHandle:
+    temporal: RecordingTemporal
+    workflow_id: str
+    run_id: str | None
+
+    async def signal(self, signal: Any, *_args: Any, **_kwargs: Any) -> None:
+        name = getattr(signal, "__temporal_signal_definition").name
+        self.temporal.signalled.append((self.workflow_id, self.run_id, name))
+
+
 class NoWake:
     """The wake queue of a gateway whose models all have replicas."""
 
@@ -73,10 +108,16 @@ class NoWake:
 
 
 def fixed_state(
-    *, model: str, replica_ips: list[str], replica_port: int, slots: int = 64
+    *,
+    model: str,
+    replica_ips: list[str],
+    replica_port: int,
+    slots: int = 64,
+    max_held_bytes: int = DEFAULT_MAX_HELD_BYTES,
 ) -> GatewayState:
     """A gateway state whose model `<ns>/<name>` has one ready replica per address,
-    all listening on `replica_port`."""
+    all listening on `replica_port`; with no address, the model is at zero and its
+    requests are held by a wake queue whose Temporal only records."""
     namespace, name = model.split("/")
     metrics = GatewayMetrics()
     registry = ModelRegistry(metrics=metrics)
@@ -86,7 +127,22 @@ def fixed_state(
             "ADDED",
             pod(f"{name}-{number}", namespace=namespace, model=name, ip=ip, slots=slots),
         )
+    waker = (
+        Waker(
+            client=RecordingTemporal(),  # type: ignore[arg-type]
+            task_queue="q",
+            metrics=metrics,
+            registry=registry,
+            http=httpx.AsyncClient(),
+        )
+        if not replica_ips
+        else NoWake()
+    )
     proxy = Proxy(
-        registry=registry, upstream=UpstreamTransport(), waker=NoWake(), replica_port=replica_port
+        registry=registry,
+        upstream=UpstreamTransport(),
+        waker=waker,
+        replica_port=replica_port,
+        max_held_bytes=max_held_bytes,
     )
     return GatewayState(registry=registry, proxy=proxy, metrics=metrics, health=WatchHealth())

@@ -6,18 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
 
+from gateway.aliases import AliasClaim, alias_owners
 from gateway.backend_load import parse_llama_metrics
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
-from gateway.registry import Endpoint, ModelRegistry
+from gateway.registry import Endpoint, Model, ModelRegistry
 from gateway.routing import choose_endpoint
 from gateway.wake import Waker
+from tests.unit.gateway_support import RecordingHandle as RecordingHandle  # also for others
+from tests.unit.gateway_support import RecordingTemporal as RecordingTemporal
 from tests.unit.gateway_support import deployment as deployment  # also for other gateway tests
 from tests.unit.gateway_support import pod as pod
 
@@ -60,12 +62,38 @@ def test_supervisor_ready_pod_is_routed_before_the_kubelet_says_so() -> None:
     assert not model.endpoints and not model.starting
 
 
-def test_aliases_must_be_unique_to_resolve() -> None:
-    registry = ModelRegistry()
-    registry.apply_deployment("ADDED", deployment("a", uid="1", aliases=["shared", "a1"]))
-    registry.apply_deployment("ADDED", deployment("b", uid="2", aliases=["shared"]))
-    assert registry.resolve("shared") is None and registry.resolve("a1") is not None
-    assert registry.resolve("ns/missing") is None
+def test_the_oldest_claim_on_an_alias_owns_it_whatever_the_event_order() -> None:
+    """Two namespaces use one alias: the older ModelDeployment keeps it (a newcomer
+    cannot take over a name clients already use), whichever the watch brings first;
+    the newer one's alias does not route; at the same second, namespace/name decides."""
+    older = deployment("a", uid="1", aliases=["shared", "a1"], created="2026-01-01T00:00:00Z")
+    newer = deployment("b", namespace="other", uid="2", aliases=["shared"],
+                       created="2026-01-02T00:00:00Z")  # fmt: skip
+    for events in ((older, newer), (newer, older)):
+        registry = ModelRegistry()
+        for obj in events:
+            registry.apply_deployment("ADDED", obj)
+        owner = registry.resolve("shared")
+        assert owner is not None and owner.key == "ns/a", [o["metadata"]["name"] for o in events]
+        assert registry.alias_owners == {"shared": "ns/a", "a1": "ns/a"}
+        registry.apply_deployment("DELETED", older)  # the claim passes to the next oldest
+        moved = registry.resolve("shared")
+        assert moved is not None and moved.key == "other/b"
+    registry.apply_deployment("ADDED", deployment("c", uid="3", aliases=["shared"],
+                                                  created="2026-01-02T00:00:00Z"))  # fmt: skip
+    tied = registry.resolve("shared")
+    assert tied is not None and tied.key == "ns/c"  # same second: "ns/c" < "other/b"
+    assert registry.resolve("a1") is None and registry.resolve("ns/missing") is None
+
+
+def test_alias_owners_is_a_pure_rule() -> None:
+    claims = [
+        AliasClaim(key="x/new", aliases=("chat", "new"), created=20),
+        AliasClaim(key="y/old", aliases=("chat",), created=10),
+        AliasClaim(key="a/same", aliases=("tie",), created=5),
+        AliasClaim(key="b/same", aliases=("tie",), created=5),
+    ]
+    assert alias_owners(claims) == {"chat": "y/old", "new": "x/new", "tie": "a/same"}
 
 
 def test_reason_comes_from_the_blocking_condition() -> None:
@@ -114,34 +142,6 @@ def test_errors_use_the_openai_shape() -> None:
             "code": "queue_full",
         }
     }
-
-
-class RecordingTemporal:
-    """Stands in for the Temporal client in the wake queue's unit tests: it records
-    the wake workflows the gateway starts and the signals it sends them (the real
-    calls are covered on the stack)."""
-
-    def __init__(self) -> None:
-        self.started: list[str] = []
-        self.signalled: list[tuple[str, str | None, str]] = []
-
-    async def start_workflow(self, *_args: Any, id: str, **_kwargs: Any) -> RecordingHandle:
-        self.started.append(id)
-        return RecordingHandle(temporal=self, workflow_id=id, run_id=f"run-{len(self.started)}")
-
-    def get_workflow_handle(self, workflow_id: str, *, run_id: str | None) -> RecordingHandle:
-        return RecordingHandle(temporal=self, workflow_id=workflow_id, run_id=run_id)
-
-
-@dataclass
-class RecordingHandle:
-    temporal: RecordingTemporal
-    workflow_id: str
-    run_id: str | None
-
-    async def signal(self, signal: Any, *_args: Any, **_kwargs: Any) -> None:
-        name = getattr(signal, "__temporal_signal_definition").name
-        self.temporal.signalled.append((self.workflow_id, self.run_id, name))
 
 
 def waker_and_model(**scaling: Any) -> tuple[Waker, RecordingTemporal, ModelRegistry]:
@@ -245,3 +245,142 @@ def test_a_lease_counts_its_request_until_released_once() -> None:
     assert model.in_flight == 0 and second.endpoint.in_flight == 0
     assert second.series.model_in_flight.value == 0
     assert first.endpoint.served == second.endpoint.served == 1  # served counts stay
+
+
+def two_single_slot_replicas() -> tuple[ModelRegistry, Model]:
+    registry = ModelRegistry()
+    registry.apply_deployment("ADDED", deployment("chat"))
+    registry.apply_pod("ADDED", pod("p0", ip="10.0.0.1", slots=1))
+    registry.apply_pod("ADDED", pod("p1", ip="10.0.0.2", slots=1))
+    model = registry.resolve("ns/chat")
+    assert model is not None
+    return registry, model
+
+
+async def test_requests_beyond_the_slots_wait_for_whichever_replica_frees_first() -> None:
+    registry, model = two_single_slot_replicas()
+    first = registry.acquire(model, route="chat", exclude=(), now=0.0)
+    second = registry.acquire(model, route="chat", exclude=(), now=0.0)
+    assert first is not None and second is not None
+    assert registry.acquire(model, route="chat", exclude=(), now=0.0) is None  # both full
+    waiting = [
+        asyncio.create_task(registry.wait_for_slot(model, route="chat", exclude=()))
+        for _ in range(3)
+    ]
+    await asyncio.sleep(0)
+    assert not any(w.done() for w in waiting) and len(model.slot_waiters) == 3
+    second.release()  # p1 frees first: the longest waiting request gets it
+    await asyncio.sleep(0)
+    assert waiting[0].done() and not waiting[1].done()
+    taken = waiting[0].result()
+    assert taken is not None and taken.endpoint is second.endpoint
+    waiting[1].cancel()  # its client left: the next freed slot skips it
+    first.release()
+    await asyncio.sleep(0)
+    last = waiting[2].result()
+    assert last is not None and last.endpoint is first.endpoint
+    assert model.in_flight == 2 and not model.slot_waiters
+    taken.release()
+    last.release()
+    assert model.in_flight == 0 and all(e.in_flight == 0 for e in model.endpoints.values())
+
+
+async def test_waiting_for_a_slot_ends_when_no_replica_is_left_to_try() -> None:
+    registry, model = two_single_slot_replicas()
+    first = registry.acquire(model, route="chat", exclude=(), now=0.0)
+    assert first is not None
+    tried = {"p1"}  # its connection failed: only p0 may take this request
+    waiting = asyncio.create_task(registry.wait_for_slot(model, route="chat", exclude=tried))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    registry.apply_pod("DELETED", pod("p0", ip="10.0.0.1", slots=1))
+    assert await asyncio.wait_for(waiting, 1) is None  # back to the proxy: hold or 502
+    first.release()
+    assert model.in_flight == 0
+
+
+def condition(kind: str, status: str, reason: str, message: str = "why", **extra: Any) -> Any:
+    return {"type": kind, "status": status, "reason": reason, "message": message, **extra}
+
+
+UNSTARTABLE = [
+    condition("FitFailed", "True", "FitFailed", "needs 9 GiB"),
+    condition("ArtifactReady", "False", "ChecksumMismatch", "digest differs"),
+    condition(
+        "ArtifactReady", "False", "ArtifactNotReady", "ModelArtifact m is not Ready (phase Failed)"
+    ),
+    condition("ArtifactReady", "False", "ArtifactNotReady", "ModelArtifact m does not exist"),
+    condition("RuntimeReady", "False", "RuntimeFailed", "3 pods of this template stopped"),
+    condition("RuntimeReady", "False", "Forbidden", "pods is forbidden"),
+    condition("RuntimeReady", "False", "RolloutFailed", "gave up"),
+    condition("RuntimeReady", "False", "CrashLoop", "restarted 5 times"),
+]
+STARTABLE = [
+    condition("FitFailed", "False", "Fits", "CPU"),
+    condition(
+        "ArtifactReady",
+        "False",
+        "ArtifactNotReady",
+        "ModelArtifact m is not Ready (phase Importing)",
+    ),
+    condition("RuntimeReady", "False", "ScaledToZero", "no replica is wanted"),
+    condition("RuntimeReady", "False", "Starting", "0/1 ready"),
+    # about an older spec (a newer generation is being worked on): not a verdict
+    condition("FitFailed", "True", "FitFailed", "old spec", observedGeneration=1),
+]
+
+
+def at_zero(*conditions: Any, generation: int = 2) -> tuple[Waker, RecordingTemporal, Model]:
+    waker, temporal, registry = waker_and_model(coldStartTimeout="10m")
+    obj = deployment("chat", conditions=list(conditions))
+    obj["metadata"]["generation"] = generation
+    registry.apply_deployment("MODIFIED", obj)
+    model = registry.resolve("ns/chat")
+    assert model is not None
+    return waker, temporal, model
+
+
+@pytest.mark.parametrize("blocking", UNSTARTABLE, ids=lambda c: f"{c['type']}-{c['reason']}")
+async def test_a_model_that_cannot_start_is_refused_at_once(blocking: Any) -> None:
+    waker, temporal, _ = at_zero(blocking)
+    model = waker.registry.resolve("ns/chat")
+    assert model is not None
+    with pytest.raises(GatewayError) as refused:
+        await asyncio.wait_for(waker.hold_until_ready(model), 1)
+    assert refused.value.status == 503 and refused.value.retry_after_s
+    assert refused.value.code == "cannot_start"
+    assert f"{blocking['reason']}: {blocking['message']}" in refused.value.message
+    assert temporal.started == [] and model.held == 0  # nothing to wake
+
+
+@pytest.mark.parametrize("progress", STARTABLE, ids=lambda c: f"{c['type']}-{c['reason']}")
+async def test_a_model_on_its_way_is_waited_for(progress: Any) -> None:
+    waker, temporal, model = at_zero(progress)
+    held = asyncio.create_task(waker.hold_until_ready(model))
+    await asyncio.sleep(0.05)
+    assert not held.done() and temporal.started == ["wake/ns/chat"]
+    held.cancel()
+    await asyncio.gather(held, return_exceptions=True)
+
+
+async def test_held_requests_are_answered_once_the_status_says_it_cannot_start() -> None:
+    waker, _, model = at_zero(condition("RuntimeReady", "False", "ScaledToZero"))
+    held = [asyncio.create_task(waker.hold_until_ready(model)) for _ in range(3)]
+    await asyncio.sleep(0.05)
+    assert model.held == 3
+    obj = deployment(
+        "chat", conditions=[condition("ArtifactReady", "False", "InvalidGGUF", "bad magic")]
+    )
+    obj["metadata"]["generation"] = 2
+    waker.registry.apply_deployment("MODIFIED", obj)
+    results = await asyncio.wait_for(asyncio.gather(*held, return_exceptions=True), 1)
+    for result in results:
+        assert isinstance(result, GatewayError) and result.status == 503
+        assert "InvalidGGUF: bad magic" in result.message
+    assert model.held == 0
+    waker.registry.apply_deployment("MODIFIED", deployment("chat"))  # fixed: held again
+    again = asyncio.create_task(waker.hold_until_ready(model))
+    await asyncio.sleep(0.05)
+    assert not again.done()
+    again.cancel()
+    await asyncio.gather(again, return_exceptions=True)

@@ -19,10 +19,12 @@ import httpx
 import pytest
 
 from gateway.app import GatewayHolder, GatewayState, build_apps
+from gateway.held import DEFAULT_MAX_HELD_BYTES
+from gateway.registry import Model
 from gateway.transport import front
 from gateway.transport.serve import Listen, serve
 from kamadev.processes import free_port
-from tests.unit.gateway_support import fixed_state
+from tests.unit.gateway_support import deployment, fixed_state, pod
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -41,11 +43,23 @@ class Replica:
     requests: list[dict[str, object]] = field(default_factory=list)
     closed: asyncio.Event = field(default_factory=asyncio.Event)  # a client hung up on it
     proceed: asyncio.Event = field(default_factory=asyncio.Event)
+    connections: int = 0  # open now
+    most_connections: int = 0  # open at once, at most
+    metrics_polls: int = 0
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.most_connections = max(self.most_connections, self.connections)
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
+                if head.startswith(b"GET /metrics "):  # the gateway's backend-load poll
+                    self.metrics_polls += 1
+                    text = b"llamacpp:requests_processing 3\nllamacpp:requests_deferred 0\n"
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(text), text)
+                    )
+                    continue
                 length = next(
                     int(line.split(b":")[1])
                     for line in head.split(b"\r\n")
@@ -58,6 +72,7 @@ class Replica:
         except (asyncio.IncompleteReadError, ConnectionError):
             self.closed.set()
         finally:
+            self.connections -= 1
             writer.close()
 
     async def answer(
@@ -73,6 +88,40 @@ class Replica:
                 b"content-length: %d\r\n\r\n%s" % (len(body), body)
             )
             return True
+        if mode == "named":  # as llama-server names its model: by its file
+            body = b'{"choices":[{"text":"ok","model":"inner"}],"model":"/models/tiny.gguf"}'
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json; charset=utf-8\r\n"
+                b"content-length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            return True
+        if mode == "named-stream":  # events cut across writes at awkward places
+            events = (
+                b"".join(
+                    b'data: {"choices":[{"delta":{"content":"%d"}}],"model":"/models/tiny.gguf"}\n\n'
+                    % n
+                    for n in range(3)
+                )
+                + b"data: [DONE]\n\n"
+            )
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                b"transfer-encoding: chunked\r\n\r\n"
+            )
+            for start in range(0, len(events), 37):
+                writer.write(_chunk(events[start : start + 37]))
+                await writer.drain()
+                await asyncio.sleep(0.001)
+            writer.write(b"0\r\n\r\n")
+            return True
+        if mode == "die-json":  # half a JSON answer, then the connection drops
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                b'content-length: 100\r\n\r\n{"model":"/models/tiny.gguf",'
+            )
+            await writer.drain()
+            writer.transport.abort()
+            return False
         if mode == "hang":
             await reader.read()  # until the gateway hangs up
             self.closed.set()
@@ -120,13 +169,20 @@ async def no_lifespan() -> AsyncIterator[None]:
 
 @asynccontextmanager
 async def running_gateway(
-    *, replica_ips: tuple[str, ...] = ("127.0.0.1",)
+    *,
+    replica_ips: tuple[str, ...] = ("127.0.0.1",),
+    slots: int = 4,
+    max_held_bytes: int = DEFAULT_MAX_HELD_BYTES,
 ) -> AsyncIterator[Gateway]:
     replica = Replica(port=free_port())
     listener = await asyncio.start_server(replica.handle, "127.0.0.1", replica.port)
     holder = GatewayHolder()
     holder.current = fixed_state(
-        model=MODEL, replica_ips=list(replica_ips), replica_port=replica.port, slots=4
+        model=MODEL,
+        replica_ips=list(replica_ips),
+        replica_port=replica.port,
+        slots=slots,
+        max_held_bytes=max_held_bytes,
     )
     public, ops = build_apps(holder)
     port, ops_port, stop = free_port(), free_port(), asyncio.Event()
@@ -368,3 +424,122 @@ async def test_stopping_lets_requests_in_flight_finish_and_refuses_new_ones() ->
         answer = await slow
         assert answer.status_code == 200 and answer.json() == {"choices": [{"text": "ok"}]}
         await asyncio.wait_for(gw.task, timeout=5)
+
+
+async def test_a_replica_gets_no_more_requests_or_connections_than_its_slots() -> None:
+    """llama-server serves HTTP on `slots` + 4 threads, each of which keeps an idle
+    keep-alive connection for seconds: a connection beyond them waits unanswered.
+    So the gateway keeps at most `slots` requests on a replica and queues the rest
+    itself, handing each freed slot to the longest waiting request, which reuses the
+    connection that request left."""
+    async with running_gateway(slots=2) as gw, httpx.AsyncClient(timeout=20) as http:
+        answers = await asyncio.gather(
+            *(http.post(f"{gw.url}/v1/completions", json=completion("slow")) for _ in range(8))
+        )
+        assert [a.status_code for a in answers] == [200] * 8
+        assert gw.replica.most_connections <= 2, gw.replica.most_connections
+        assert len(gw.replica.requests) == 8
+
+
+async def test_load_polls_are_outside_the_slot_cap() -> None:
+    """The backend-load poll reaches a replica whose slots are all taken (it costs
+    llama-server one of its spare HTTP threads, not a slot)."""
+    from gateway.backend_load import poll_one
+
+    async with running_gateway(slots=1) as gw, httpx.AsyncClient(timeout=20) as http:
+        busy = asyncio.create_task(http.post(f"{gw.url}/v1/completions", json=completion("hang")))
+        endpoint = gw.state.registry.models[MODEL].endpoints["chat-0"]
+
+        async def taken() -> bool:
+            return endpoint.in_flight == 1
+
+        await eventually(taken, "the only slot taken")
+        upstream = httpx.AsyncClient(transport=gw.state.proxy.upstream)
+        await poll_one(upstream, endpoint, port=gw.replica.port)
+        assert gw.replica.metrics_polls == 1 and endpoint.others == 2  # 3 held, 1 of them ours
+        busy.cancel()
+        await asyncio.gather(busy, return_exceptions=True)
+
+        async def released() -> bool:
+            return gw.in_flight() == 0
+
+        await eventually(released, "the lease released once its client left")
+
+
+async def held_count(model: Model, count: int) -> bool:
+    return model.held == count
+
+
+async def test_held_requests_are_bounded_in_bytes_across_the_gateway() -> None:
+    """Requests held for a cold start count their bodies against one budget for
+    the whole gateway: past it, 429 at once, with Retry-After, in the OpenAI shape."""
+    async with (
+        running_gateway(replica_ips=(), max_held_bytes=3000) as gw,
+        httpx.AsyncClient(timeout=20) as http,
+    ):
+        url = f"{gw.url}/v1/completions"
+        first = asyncio.create_task(http.post(url, json=completion(prompt="a" * 2000)))
+        model = gw.state.registry.models[MODEL]
+
+        async def held() -> bool:
+            return model.held == 1
+
+        await eventually(held, "the first request held")
+        refused = await asyncio.wait_for(http.post(url, json=completion(prompt="b" * 2000)), WAIT_S)
+        assert refused.status_code == 429 and refused.headers["retry-after"]
+        assert refused.json()["error"]["code"] == "held_bytes_full"
+        small = asyncio.create_task(http.post(url, json=completion(prompt="c")))
+        await eventually(lambda: held_count(model, 2), "a small one still fits")
+        gw.state.registry.apply_pod("ADDED", pod("chat-0", model="chat", ip="127.0.0.1"))
+        answers = await asyncio.gather(first, small)
+        assert [a.status_code for a in answers] == [200, 200]
+        assert gw.state.proxy.held.held == 0
+
+
+async def test_answers_name_the_model_the_client_asked_for() -> None:
+    """llama-server names its model file; the gateway answers with the name the
+    client sent (its alias included), in whole answers and in every streamed event."""
+    async with running_gateway() as gw, httpx.AsyncClient() as http:
+        gw.state.registry.apply_deployment("MODIFIED", deployment("chat", aliases=["tiny"]))
+        for name in (MODEL, "tiny"):
+            whole = await http.post(
+                f"{gw.url}/v1/chat/completions", json={**completion("named"), "model": name}
+            )
+            assert whole.status_code == 200 and whole.json()["model"] == name, whole.text
+            assert whole.json()["choices"] == [{"text": "ok", "model": "inner"}]
+            streamed = await http.post(
+                f"{gw.url}/v1/chat/completions",
+                json={**completion("named-stream"), "model": name},
+            )
+            events = [
+                json.loads(line[6:]) for line in streamed.text.splitlines() if line[6:7] == "{"
+            ]
+            assert len(events) == 3 and {e["model"] for e in events} == {name}, streamed.text
+            assert streamed.text.rstrip().endswith("data: [DONE]")
+
+
+async def test_the_model_list_says_which_model_owns_each_alias() -> None:
+    async with running_gateway() as gw, httpx.AsyncClient() as http:
+        registry = gw.state.registry
+        registry.apply_deployment("MODIFIED", deployment("chat", aliases=["tiny", "mine"]))
+        late = deployment("late", namespace="other", uid="u2", aliases=["tiny", "own"],
+                          created="2026-02-01T00:00:00Z")  # fmt: skip
+        registry.apply_deployment("ADDED", late)
+        listed = {m["id"]: m for m in (await http.get(f"{gw.url}/v1/models")).json()["data"]}
+        assert listed[MODEL]["aliases"] == ["tiny", "mine"]
+        assert listed["other/late"]["aliases"] == ["own"]
+        assert listed["other/late"]["aliases_owned_elsewhere"] == {"tiny": MODEL}
+        assert listed[MODEL]["aliases_owned_elsewhere"] == {}
+        answer = await http.post(
+            f"{gw.url}/v1/completions", json={**completion("named"), "model": "tiny"}
+        )
+        assert answer.headers["x-kama-model"] == MODEL  # the older claim routes
+
+
+async def test_a_replica_failing_mid_json_answer_is_a_502_in_the_openai_shape() -> None:
+    """A JSON answer is read whole before it is sent (to rename its model), so a
+    replica that fails midway is still reported in the status."""
+    async with running_gateway() as gw, httpx.AsyncClient() as http:
+        answer = await http.post(f"{gw.url}/v1/completions", json=completion("die-json"))
+        assert answer.status_code == 502, answer.text
+        assert answer.json()["error"]["code"] == "upstream_failed"
