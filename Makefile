@@ -5,7 +5,7 @@ export UV_PYTHON_DOWNLOADS := never
 UV_VERSION := 0.13.8
 VENV := .venv/bin
 
-.PHONY: setup deps binaries dev test lint typecheck pytest bench
+.PHONY: setup deps binaries helm images dev test lint typecheck pytest bench
 
 setup: deps binaries
 
@@ -16,6 +16,16 @@ deps:
 binaries:
 	bash deploy/local/build-k8s.sh >/dev/null
 	bash deploy/local/build-llama.sh >/dev/null
+	bash deploy/local/build-helm.sh >/dev/null
+
+# Helm from its Go module, into ~/.cache/kama/helm/<version>/bin
+helm:
+	bash deploy/local/build-helm.sh
+
+# Kama's OCI images (kama, kama-llama-server, kama-temporal-dev) without Docker, into
+# ~/.cache/kama/images; prints each manifest digest (deploy/images/README.md)
+images: deps
+	bash deploy/images/build.sh
 
 dev: setup
 	$(VENV)/python -m kamadev

@@ -2,10 +2,13 @@
 
 The scripts cache their output under ~/.cache/kama; this module runs them (they
 return at once when the cache is warm) and hands back the binary directories.
+Helm and Kama's images are looked up on demand (`ensure_helm`, `build_images`): only
+the chart's tests and `make images` need them.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -62,3 +65,48 @@ def ensure_binaries() -> Binaries:
         kubectl=_venv_tool("kubectl"),
         temporal=_venv_tool("temporal"),
     )
+
+
+def ensure_helm() -> Path:
+    """The helm binary built from helm.sh/helm/v4 (deploy/local/build-helm.sh)."""
+    return _run_build("build-helm.sh") / "helm"
+
+
+@dataclass(frozen=True)
+class BuiltImage:
+    """One image from deploy/images/build.sh: an OCI layout and its oci-archive."""
+
+    name: str
+    digest: str  # of the manifest: what `image@sha256:...` names
+    layout: Path
+
+    @property
+    def archive(self) -> Path:
+        return self.layout.with_name(self.layout.name + ".tar")
+
+
+def build_images(
+    *, cache: Path | None = None, source: Path | None = None, timeout: float = 1200
+) -> dict[str, BuiltImage]:
+    """Build (or find cached) Kama's images; `cache` replaces ~/.cache/kama/images,
+    `source` this checkout (a copy with pyproject.toml, uv.lock, README.md and the packages)."""
+    env = dict(os.environ)
+    if cache is not None:
+        env["KAMA_IMAGES_CACHE"] = str(cache)
+    if source is not None:
+        env["KAMA_IMAGES_SOURCE"] = str(source)
+    result = subprocess.run(
+        ["bash", str(REPO_ROOT / "deploy" / "images" / "build.sh")],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        timeout=timeout,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"deploy/images/build.sh failed with exit code {result.returncode}")
+    images = {}
+    for line in result.stdout.splitlines():
+        name, digest, layout = line.split()
+        images[name] = BuiltImage(name=name, digest=digest, layout=Path(layout))
+    return images

