@@ -52,7 +52,7 @@ from kama.api import GROUP, VERSION
 from kama.config import Settings
 from kama.contracts import DEPLOYMENTS
 from kama.serving_pod import ROLE_LABEL, SERVER_ROLE
-from watcher.watch import WatchHealth, WatchTarget, as_dicts, start_watch
+from watcher.watch import WatchHealth, kama_objects, labelled_pods, start_watch
 
 log = logging.getLogger("kama.gateway")
 
@@ -97,22 +97,25 @@ class GatewayApp:
 
 
 def start_watches(
-    *, api: k8s.ApiClient, registry: ModelRegistry, health: WatchHealth, stop: threading.Event
+    *,
+    api: k8s.ApiClient,
+    registry: ModelRegistry,
+    health: WatchHealth,
+    stop: threading.Event,
+    namespace: str | None,
 ) -> None:
-    """The registry's two informers: ModelDeployments and serving pods, applied on the
-    event loop (a re-list after an outage also reports what vanished meanwhile)."""
+    """The registry's two informers: ModelDeployments and serving pods (in the watched
+    namespace, or all), applied on the event loop (a re-list after an outage also
+    reports what vanished meanwhile)."""
     loop = asyncio.get_running_loop()
-    core, custom = k8s.CoreV1Api(api), k8s.CustomObjectsApi(api)
-    deployments = WatchTarget(
-        name=DEPLOYMENTS,
-        list_fn=custom.list_cluster_custom_object,
-        kwargs={"group": GROUP, "version": VERSION, "plural": DEPLOYMENTS},
+    deployments = kama_objects(
+        custom=k8s.CustomObjectsApi(api),
+        group=GROUP,
+        version=VERSION,
+        plural=DEPLOYMENTS,
+        namespace=namespace,
     )
-    pods = WatchTarget(
-        name="pods",
-        list_fn=as_dicts(api, core.list_pod_for_all_namespaces),
-        kwargs={"label_selector": f"{ROLE_LABEL}={SERVER_ROLE}"},
-    )
+    pods = labelled_pods(api=api, selector=f"{ROLE_LABEL}={SERVER_ROLE}", namespace=namespace)
     for target, apply in (
         (deployments, registry.apply_deployment),
         (pods, registry.apply_pod),
@@ -240,7 +243,13 @@ def create_app(
                 metrics=metrics,
                 health=health,
             )
-            start_watches(api=api_factory(), registry=registry, health=health, stop=stop)
+            start_watches(
+                api=api_factory(),
+                registry=registry,
+                health=health,
+                stop=stop,
+                namespace=settings.watch_namespace,
+            )
             background = [
                 asyncio.create_task(poll_backend_load(registry=registry, http=http)),
                 asyncio.create_task(report_demand(registry=registry, client=temporal)),

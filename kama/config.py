@@ -22,6 +22,7 @@ class Settings:
     watch_namespace: str | None = None  # None: all namespaces
     runtime_image: str = DEFAULT_IMPORTER_IMAGE  # serving pods run `kama runtime` from it
     health_port: int = DEFAULT_HEALTH_PORT  # the watcher's /healthz and /readyz
+    health_host: str = "0.0.0.0"  # in a pod: its own IP (the chart passes status.podIP)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -37,4 +38,5 @@ class Settings:
             runtime_image=env.get("KAMA_RUNTIME_IMAGE")
             or env.get("KAMA_IMPORTER_IMAGE", defaults.runtime_image),
             health_port=int(env.get("KAMA_HEALTH_PORT", defaults.health_port)),
+            health_host=env.get("KAMA_HEALTH_HOST") or defaults.health_host,
         )

@@ -26,7 +26,7 @@ async def run_watcher_process(settings: Settings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     health = WatchHealth()
-    server = serve_health(health=health, host="0.0.0.0", port=settings.health_port)
+    server = serve_health(health=health, host=settings.health_host, port=settings.health_port)
     client = await connect_temporal(settings)
     task = asyncio.create_task(
         run_watcher(settings=settings, api=kube_api(), client=client, stop=stop, health=health)

@@ -17,7 +17,7 @@ from kama.config import Settings
 from kama.serving_pod import ROLE_LABEL, SERVER_ROLE
 from watcher.dependents import DeploymentSignals
 from watcher.nudge import ARTIFACT, CACHE, DEPLOYMENT, Nudger
-from watcher.watch import WatchHealth, WatchTarget, as_dicts, start_watch
+from watcher.watch import WatchHealth, WatchTarget, kama_objects, labelled_pods, start_watch
 
 log = logging.getLogger("kama.watcher")
 
@@ -29,24 +29,16 @@ Handler = Callable[[str, dict[str, Any]], Awaitable[None]]
 def watch_targets(
     *, settings: Settings, api: k8s.ApiClient, custom: k8s.CustomObjectsApi
 ) -> list[WatchTarget]:
-    core = k8s.CoreV1Api(api)
-    targets = []
-    for entity in (ARTIFACT, CACHE, DEPLOYMENT):
-        kwargs: dict[str, Any] = {"group": GROUP, "version": VERSION, "plural": entity.plural}
-        if settings.watch_namespace:
-            kwargs["namespace"] = settings.watch_namespace
-            list_fn = custom.list_namespaced_custom_object
-        else:
-            list_fn = custom.list_cluster_custom_object
-        targets.append(WatchTarget(name=entity.plural, list_fn=list_fn, kwargs=kwargs))
-    pods: dict[str, Any] = {"label_selector": f"{ROLE_LABEL}={SERVER_ROLE}"}
-    if settings.watch_namespace:
-        pods["namespace"] = settings.watch_namespace
-        pod_list = as_dicts(api, core.list_namespaced_pod)
-    else:
-        pod_list = as_dicts(api, core.list_pod_for_all_namespaces)
-    targets.append(WatchTarget(name="pods", list_fn=pod_list, kwargs=pods))
-    return targets
+    namespace = settings.watch_namespace
+    return [
+        *(
+            kama_objects(
+                custom=custom, group=GROUP, version=VERSION, plural=e.plural, namespace=namespace
+            )
+            for e in (ARTIFACT, CACHE, DEPLOYMENT)
+        ),
+        labelled_pods(api=api, selector=f"{ROLE_LABEL}={SERVER_ROLE}", namespace=namespace),
+    ]
 
 
 def handlers(

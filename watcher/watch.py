@@ -265,6 +265,28 @@ def start_watch(
     return thread
 
 
+def kama_objects(
+    *, custom: k8s.CustomObjectsApi, group: str, version: str, plural: str, namespace: str | None
+) -> WatchTarget:
+    """One of Kama's resources, in one namespace or in all (`namespace` None)."""
+    kwargs: dict[str, Any] = {"group": group, "version": version, "plural": plural}
+    if namespace is None:
+        return WatchTarget(name=plural, list_fn=custom.list_cluster_custom_object, kwargs=kwargs)
+    kwargs["namespace"] = namespace
+    return WatchTarget(name=plural, list_fn=custom.list_namespaced_custom_object, kwargs=kwargs)
+
+
+def labelled_pods(*, api: k8s.ApiClient, selector: str, namespace: str | None) -> WatchTarget:
+    """Pods with a label selector, in one namespace or in all (`namespace` None)."""
+    core = k8s.CoreV1Api(api)
+    if namespace is None:
+        list_fn = as_dicts(api, core.list_pod_for_all_namespaces)
+        return WatchTarget(name="pods", list_fn=list_fn, kwargs={"label_selector": selector})
+    list_fn = as_dicts(api, core.list_namespaced_pod)
+    kwargs = {"label_selector": selector, "namespace": namespace}
+    return WatchTarget(name="pods", list_fn=list_fn, kwargs=kwargs)
+
+
 def as_dicts(api: k8s.ApiClient, list_fn: Callable[..., Any]) -> Callable[..., Any]:
     """A typed list call that returns plain dicts (watch calls pass through raw)."""
 
