@@ -1,9 +1,12 @@
-"""Activities on a cache volume (free space, lookup, GGUF inspection, publication),
-registered by the worker that runs next to the volume: the importer."""
+"""Activities on a cache volume (staging and free space, lookup, GGUF inspection,
+publication, re-hashing), registered by the worker that runs next to the volume: the
+importer."""
 
 from __future__ import annotations
 
 import shutil
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +25,39 @@ from activities.models import (
 from activities.storage import (
     ChecksumMismatch,
     InsufficientStorage,
+    clean_stale_staging,
     ensure_free_space,
     publish,
     published,
+    quarantine,
+    staged_size,
     verify_files,
 )
 from kama.api import GGUFInfo
 from kama.cache_layout import Manifest, ManifestFile, artifact_digest, blob_dir, staging_dir
 from kama.gguf import InvalidGGUF, MissingShard, inspect_files
+
+INSUFFICIENT_STORAGE = "InsufficientStorage"
+
+
+@dataclass(frozen=True)
+class StagingRequest:
+    """Make room for an import whose partial files live in `staging_id`."""
+
+    cache_root: str
+    staging_id: str
+    needed_bytes: int
+
+
+def _no_room(exc: InsufficientStorage) -> ApplicationError:
+    """The final error of an import that does not fit; its details carry the numbers
+    (`freeBytes`, `neededBytes`) for the cache's InsufficientCapacity condition."""
+    return ApplicationError(
+        str(exc),
+        {"freeBytes": exc.free_bytes, "neededBytes": exc.needed_bytes},
+        type=INSUFFICIENT_STORAGE,
+        non_retryable=True,
+    )
 
 
 def gguf_facts(directory: Path, files: list[DownloadedFile]) -> dict[str, Any]:
@@ -51,9 +79,25 @@ class CacheActivities:
         try:
             return ensure_free_space(root=root, needed_bytes=request.needed_bytes)
         except InsufficientStorage as exc:
-            raise ApplicationError(
-                str(exc), type="InsufficientStorage", non_retryable=True
-            ) from None
+            raise _no_room(exc) from None
+
+    @activity.defn(name="Prepare cache staging")
+    def prepare_staging(self, request: StagingRequest) -> int:
+        """Remove abandoned staging directories, then check that the import fits: free
+        bytes, counting its own partial files (a resumed import keeps them) as free."""
+        root = Path(request.cache_root)
+        root.mkdir(parents=True, exist_ok=True)
+        removed = clean_stale_staging(root=root, keep=request.staging_id, now=time.time())
+        if removed:
+            activity.logger.info("removed stale staging %s", ", ".join(removed))
+        try:
+            return ensure_free_space(
+                root=root,
+                needed_bytes=request.needed_bytes,
+                staged_bytes=staged_size(root=root, operation_id=request.staging_id),
+            )
+        except InsufficientStorage as exc:
+            raise _no_room(exc) from None
 
     @activity.defn(name="Find published artifact")
     def lookup(self, request: LookupRequest) -> bool:
@@ -87,7 +131,8 @@ class CacheActivities:
 
     @activity.defn(name="Re-hash published artifact")
     def verify_published(self, request: VerifyPublishedRequest) -> int:
-        """Re-hash every file of a published blob against its manifest; returns bytes checked."""
+        """Re-hash every file of a published blob against its manifest; returns bytes
+        checked. A blob that fails is quarantined (`storage.quarantine`)."""
         root = Path(request.cache_root)
         manifest = published(root=root, digest=request.manifest_digest)
         if manifest is None:
@@ -107,7 +152,13 @@ class CacheActivities:
                 on_progress=beat,
             )
         except ChecksumMismatch as exc:
-            raise ApplicationError(str(exc), type="ChecksumMismatch", non_retryable=True) from None
+            moved = quarantine(root=root, digest=request.manifest_digest)
+            where = f"; the blob was moved to {moved.relative_to(root)}" if moved else ""
+            raise ApplicationError(
+                f"{exc}{where}: new replicas cannot mount it, and `retry` imports it again",
+                type="ChecksumMismatch",
+                non_retryable=True,
+            ) from None
         return manifest.total_size
 
     @activity.defn(name="Discard staged files")

@@ -1,5 +1,5 @@
 """Kubernetes as an external system for Kama's workflows: status patches, Events,
-finalizers, cache claims and importer pods. Every call is idempotent: create→409
+finalizers, cache claims (and their expansion) and importer pods. Every call is idempotent: create→409
 and delete→404 are success, status writes are merge patches of what a workflow
 decided. API errors become the typed errors of `kube_errors` (a 403 or a 422 is
 not retried)."""
@@ -9,16 +9,22 @@ from __future__ import annotations
 import datetime
 import uuid
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kubernetes import client as k8s
+from kubernetes.utils import parse_quantity
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.kube_errors import Conflict, Invalid, KubeTarget, NotFound, kube_call
+from activities.kube_errors import Conflict, Forbidden, Invalid, KubeTarget, NotFound, kube_call
 from kama.api import API_VERSION, FINALIZER, GROUP, VERSION
 from kama.contracts import ARTIFACTS, CACHES, DEPLOYMENTS, ObjectRef
+from kama.temporal_setup import (
+    ImporterTemporal,
+    importer_temporal_env,
+    importer_temporal_volume,
+)
 
 CACHE_MOUNT = "/cache"
 SOURCE_MOUNT = "/source"
@@ -59,10 +65,31 @@ class CacheClaim:
     access_modes: list[str]
     capacity: str = ""
     created_by_kama: bool = False
+    # the bound volume's `spec.nodeAffinity` (core/v1 VolumeNodeAffinity, as JSON): the
+    # nodes that can mount it (a local volume's node); None: any node
+    node_affinity: dict[str, Any] | None = None
+    owner_uid: str = ""  # the ModelCache's uid (its workflow's ID), for a cache's claim
 
 
 def cache_claim_name(cache: str) -> str:
     return f"kama-cache-{cache}"
+
+
+# what `Expand cache claim` found (ClaimExpansion.state)
+CLAIM_SIZED = "Sized"  # the claim has the size the template asks for
+CLAIM_EXPANDING = "Expanding"  # asked for more; the volume is not that large yet
+CLAIM_NOT_EXPANDABLE = "ExpansionNotSupported"  # the template asks for more than it can get
+
+
+@dataclass(frozen=True)
+class ClaimExpansion:
+    """Whether a cache's claim has the size its `claimTemplate.size` asks for, and if
+    not, why (a resize under way, or one the claim cannot have)."""
+
+    state: str
+    message: str
+    requested: str = ""
+    capacity: str = ""
 
 
 @dataclass(frozen=True)
@@ -86,8 +113,7 @@ class PodRef:
 @dataclass(frozen=True)
 class ImporterSettings:
     image: str
-    temporal_address: str
-    temporal_namespace: str = "default"
+    temporal: ImporterTemporal  # the worker's Temporal connection, as importer pods get it
     hf_endpoint: str = "https://huggingface.co"
 
 
@@ -108,6 +134,7 @@ def remove_pod(core: k8s.CoreV1Api, *, namespace: str, name: str) -> None:
 
 class KubeActivities:
     def __init__(self, *, api: k8s.ApiClient, importer: ImporterSettings) -> None:
+        self.api = api
         self.core = k8s.CoreV1Api(api)
         self.custom = k8s.CustomObjectsApi(api)
         self.importer = importer
@@ -199,9 +226,89 @@ class KubeActivities:
             )
             with suppress(Conflict), kube_call(verb="create", target=target):
                 self.core.create_namespaced_persistent_volume_claim(request.namespace, claim)
-        return self._bound_claim(
+        found = self._bound_claim(
             namespace=request.namespace, name=name, owner=f"ModelCache {request.name}"
         )
+        return replace(found, owner_uid=str(cache.get("metadata", {}).get("uid", "")))
+
+    @activity.defn(name="Expand cache claim")
+    def expand_cache_claim(self, request: CacheRequest) -> ClaimExpansion:
+        """Grow the claim Kama created for a cache to `spec.claimTemplate.size` (a claim
+        never shrinks, and one Kama did not create is never touched), when its
+        StorageClass allows expansion; otherwise say why it cannot grow."""
+        target = KubeTarget(resource=CACHES, namespace=request.namespace, name=request.name)
+        with kube_call(verb="get", target=target):
+            cache = self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, request.namespace, CACHES, request.name
+            )
+        wanted = (cache.get("spec", {}).get("claimTemplate") or {}).get("size")
+        name = cache_claim_name(request.name)
+        claim_target = KubeTarget(
+            resource="persistentvolumeclaims", namespace=request.namespace, name=name
+        )
+        with kube_call(verb="get", target=claim_target):
+            pvc = self.core.read_namespaced_persistent_volume_claim(name, request.namespace)
+        requested = str((pvc.spec.resources.requests or {}).get("storage", ""))
+        capacity = str(((pvc.status and pvc.status.capacity) or {}).get("storage", ""))
+        sizes = {"requested": requested, "capacity": capacity}
+        if not wanted or (pvc.metadata.annotations or {}).get("kama.dev/created-by") != "kama":
+            return ClaimExpansion(state=CLAIM_SIZED, message="not Kama's claim to size", **sizes)
+        if parse_quantity(wanted) > parse_quantity(requested or "0"):
+            refused = self._expansion_refused(pvc.spec.storage_class_name)
+            if refused is None:
+                refused = self._request_size(claim_target, size=wanted)
+            if refused is not None:
+                return ClaimExpansion(
+                    state=CLAIM_NOT_EXPANDABLE,
+                    message=f"spec.claimTemplate.size is {wanted} but claim {name} has "
+                    f"{capacity or requested} and cannot grow: {refused}",
+                    **sizes,
+                )
+            sizes["requested"] = requested = wanted
+        if capacity and parse_quantity(capacity) >= parse_quantity(requested):
+            return ClaimExpansion(
+                state=CLAIM_SIZED, message=f"claim {name} has {capacity}", **sizes
+            )
+        pending = "; ".join(
+            f"{c.type}: {c.message or c.reason or c.status}"
+            for c in (pvc.status.conditions if pvc.status else None) or []
+        )
+        return ClaimExpansion(
+            state=CLAIM_EXPANDING,
+            message=f"claim {name} is being expanded from {capacity or '?'} to {requested}"
+            + (f" ({pending})" if pending else ""),
+            **sizes,
+        )
+
+    def _expansion_refused(self, storage_class: str | None) -> str | None:
+        """Why a claim of `storage_class` cannot be expanded, or None."""
+        if not storage_class:
+            return "the claim has no StorageClass"
+        try:
+            found = self._storage_class(storage_class)
+        except NotFound:
+            return f"StorageClass {storage_class} does not exist"
+        except Forbidden as exc:
+            return f"Kama may not read its StorageClass ({exc.message})"
+        if not found.allow_volume_expansion:
+            return f"StorageClass {storage_class} does not allow volume expansion (allowVolumeExpansion is not true)"
+        return None
+
+    def _request_size(self, target: KubeTarget, *, size: str) -> str | None:
+        """Patch the claim's requested storage; why the API server refused, or None."""
+        assert target.namespace is not None and target.name is not None
+        patch = {"spec": {"resources": {"requests": {"storage": size}}}}
+        try:
+            with kube_call(verb="patch", target=target):
+                self.core.patch_namespaced_persistent_volume_claim(
+                    target.name,
+                    target.namespace,
+                    patch,
+                    _content_type="application/merge-patch+json",
+                )
+        except (Forbidden, Invalid) as exc:
+            return exc.message
+        return None
 
     def _bound_claim(self, *, namespace: str, name: str, owner: str | None) -> CacheClaim:
         of = f" of {owner}" if owner else ""
@@ -215,7 +322,7 @@ class KubeActivities:
                 type="StorageUnavailable",
                 non_retryable=True,
             ) from None
-        if pvc.status.phase != "Bound":
+        if pvc.status.phase != "Bound" and not self._binds_with_first_pod(pvc):
             raise ApplicationError(
                 f"claim {name}{of} is {pvc.status.phase}, not Bound yet", type="ClaimNotBound"
             )
@@ -224,7 +331,42 @@ class KubeActivities:
             access_modes=list(pvc.status.access_modes or pvc.spec.access_modes or []),
             capacity=str((pvc.status.capacity or {}).get("storage", "")),
             created_by_kama=(pvc.metadata.annotations or {}).get("kama.dev/created-by") == "kama",
+            node_affinity=self._volume_node_affinity(pvc.spec.volume_name),
         )
+
+    def _binds_with_first_pod(self, pvc: Any) -> bool:
+        """Whether a Pending claim waits for its first pod: its StorageClass binds
+        `WaitForFirstConsumer` (the default on many clouds), so the importer or serving
+        pod that mounts it is what binds it, and waiting for Bound first never ends."""
+        if pvc.status.phase != "Pending" or not pvc.spec.storage_class_name:
+            return False
+        try:
+            found = self._storage_class(pvc.spec.storage_class_name)
+        except (NotFound, Forbidden):
+            return False
+        return bool(found.volume_binding_mode == "WaitForFirstConsumer")
+
+    def _storage_class(self, name: str) -> Any:
+        """The StorageClass `name`; raises the typed KubeError (NotFound, Forbidden, …)."""
+        with kube_call(verb="get", target=KubeTarget(resource="storageclasses", name=name)):
+            return k8s.StorageV1Api(self.core.api_client).read_storage_class(name)
+
+    def _volume_node_affinity(self, volume: str | None) -> dict[str, Any] | None:
+        """The bound PersistentVolume's `spec.nodeAffinity` as JSON (a local volume
+        names its node). Without `get` on persistentvolumes (a cluster-scoped read) it
+        is unknown, and placement then assumes every node can mount the claim."""
+        if not volume:
+            return None
+        target = KubeTarget(resource="persistentvolumes", name=volume)
+        try:
+            with kube_call(verb="get", target=target):
+                pv = self.core.read_persistent_volume(volume)
+        except (NotFound, Forbidden) as exc:
+            activity.logger.warning("node affinity of %s unknown: %s", volume, exc.message)
+            return None
+        affinity = pv.spec.node_affinity if pv.spec else None
+        found: dict[str, Any] | None = self.api.sanitize_for_serialization(affinity)
+        return found or None
 
     @activity.defn(name="Find source claim")
     def source_claim(self, request: CacheRequest) -> CacheClaim:
@@ -260,6 +402,9 @@ class KubeActivities:
                 }
             )
             mounts.append({"name": "hf-token", "mountPath": TOKEN_MOUNT, "readOnly": True})
+        if temporal_volume := importer_temporal_volume(self.importer.temporal):
+            volumes.append(temporal_volume[0])
+            mounts.append(temporal_volume[1])
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -299,14 +444,7 @@ class KubeActivities:
                         "image": self.importer.image,
                         "args": ["importer", "--task-queue", request.task_queue],
                         "env": [
-                            {
-                                "name": "KAMA_TEMPORAL_ADDRESS",
-                                "value": self.importer.temporal_address,
-                            },
-                            {
-                                "name": "KAMA_TEMPORAL_NAMESPACE",
-                                "value": self.importer.temporal_namespace,
-                            },
+                            *importer_temporal_env(self.importer.temporal),
                             {"name": "KAMA_HF_ENDPOINT", "value": self.importer.hf_endpoint},
                         ],
                         "securityContext": {

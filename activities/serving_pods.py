@@ -1,5 +1,6 @@
 """Kubernetes as the serving plane sees it: what a ModelDeployment's workflow needs to
-read (its artifact's status, the nodes, its pods) and the few writes it makes (create
+read (its artifact's status, the nodes, where the artifact's claim is mounted, its
+pods) and the few writes it makes (create
 a serving pod, mark one draining, set the replica count through `/scale`).
 
 Idempotent like every Kama activity: create→409 and delete→404 are success, a
@@ -9,7 +10,7 @@ plan without I/O. API errors become the typed errors of `kube_errors`."""
 from __future__ import annotations
 
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes import client as k8s
@@ -19,6 +20,7 @@ from activities.kube import remove_pod
 from activities.kube_errors import Conflict, KubeTarget, NotFound, kube_call
 from kama.api import GROUP, VERSION
 from kama.contracts import ARTIFACTS, DEPLOYMENTS, ObjectRef
+from kama.deployment_plan import mounted_by_one_node, nodes_holding_claim
 from kama.rollout import ObservedPod
 from kama.serving_pod import (
     DRAINING_LABEL,
@@ -38,6 +40,8 @@ class InputsRequest:
 class DeploymentInputs:
     artifact_status: dict[str, Any] | None  # None: the artifact does not exist
     nodes: list[dict[str, Any]]
+    # where pods mount the artifact's claim, when only one node at a time can
+    claim_nodes: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -121,8 +125,21 @@ class ServingPodActivities:
             listed = self.core.list_node().items
         nodes = self.api.sanitize_for_serialization(listed)
         return DeploymentInputs(
-            artifact_status=artifact_status, nodes=[_node_facts(n) for n in nodes]
+            artifact_status=artifact_status,
+            nodes=[_node_facts(n) for n in nodes],
+            claim_nodes=self._claim_nodes(request.namespace, artifact_status),
         )
+
+    def _claim_nodes(self, namespace: str, artifact_status: dict[str, Any] | None) -> list[str]:
+        """The nodes where pods mount the artifact's claim, if it is one that only one
+        node at a time can mount (else nothing to read)."""
+        location = (artifact_status or {}).get("servingLocation") or {}
+        claim = location.get("claimName")
+        if not claim or not mounted_by_one_node(location.get("accessModes") or []):
+            return []
+        with kube_call(verb="list", target=KubeTarget(resource="pods", namespace=namespace)):
+            pods = self.core.list_namespaced_pod(namespace).items
+        return nodes_holding_claim(pods=self.api.sanitize_for_serialization(pods), claim=claim)
 
     @activity.defn(name="List serving pods")
     def list_pods(self, request: PodsRequest) -> list[ObservedPod]:

@@ -3,13 +3,12 @@
 The claim is mounted read-only in the importer pod. Paths are checked before
 anything is read: relative only, no `..`, no symlink that leaves the claim, only
 regular files (no devices, sockets or FIFOs). `Copy` streams the files into the
-cache's staging area (hashing as it copies, resumable); `Direct` hashes them in
-place and serves from the claim itself.
+cache's staging area (hashing as it copies, resumable while the source file is
+unchanged); `Direct` hashes them in place and serves from the claim itself.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 import time
@@ -28,7 +27,7 @@ from activities.models import (
     ResolvedFile,
     ResolvedSource,
 )
-from activities.storage import CHUNK_BYTES, hash_file, staged_file
+from activities.storage import CHUNK_BYTES, hash_file, resume_partial, staged_file
 from kama.cache_layout import (
     InvalidPath,
     Manifest,
@@ -68,6 +67,14 @@ def _regular_file(path: Path, shown: str) -> int:
     if not stat.S_ISREG(mode):
         raise _refuse(f"{shown} is not a regular file (devices, sockets and FIFOs are refused)")
     return path.stat().st_size
+
+
+def source_identity(path: Path) -> str:
+    """What a partial copy of `path` may be resumed against: the same inode with the
+    same size and modification/change times. A file replaced or rewritten since (even
+    in place, with its mtime set back) has another identity, and its copy restarts."""
+    info = path.stat()
+    return f"{path} dev={info.st_dev} ino={info.st_ino} size={info.st_size} mtime={info.st_mtime_ns} ctime={info.st_ctime_ns}"
 
 
 class PvcSourceActivities:
@@ -112,16 +119,9 @@ class PvcSourceActivities:
             operation_id=request.operation_id,
             path=Path(request.file.path).name,
         )
-        target.parent.mkdir(parents=True, exist_ok=True)
-        digest = hashlib.sha256()
-        done = target.stat().st_size if target.exists() else 0
-        if done > request.file.size:
-            target.unlink()
-            done = 0
-        if done:
-            with target.open("rb") as existing:
-                while block := existing.read(CHUNK_BYTES):
-                    digest.update(block)
+        done, digest = resume_partial(
+            target=target, origin=source_identity(source), size=request.file.size
+        )
         last = 0.0
         with source.open("rb") as src, target.open("ab") as out:
             src.seek(done)

@@ -38,7 +38,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from temporalio.client import Client
 
 from gateway.backend_load import poll_backend_load
-from gateway.demand import report_demand
+from gateway.demand import gateway_identity, report_demand
+from gateway.drain_reports import report_drains
 from gateway.errors import GatewayError, server_refusal
 from gateway.held import DEFAULT_MAX_HELD_BYTES
 from gateway.inference import InferenceRoutes
@@ -227,7 +228,8 @@ def create_app(
             temporal = await temporal_factory()
             waker = Waker(
                 client=temporal,
-                task_queue=settings.control_queue,
+                task_queue=settings.control_task_queue,
+                cluster=settings.cluster,
                 metrics=metrics,
                 registry=registry,
                 http=http,
@@ -250,9 +252,19 @@ def create_app(
                 stop=stop,
                 namespace=settings.watch_namespace,
             )
+            me = gateway_identity()
             background = [
                 asyncio.create_task(poll_backend_load(registry=registry, http=http)),
-                asyncio.create_task(report_demand(registry=registry, client=temporal)),
+                asyncio.create_task(
+                    report_demand(
+                        registry=registry, client=temporal, cluster=settings.cluster, gateway=me
+                    )
+                ),
+                asyncio.create_task(
+                    report_drains(
+                        registry=registry, client=temporal, cluster=settings.cluster, gateway=me
+                    )
+                ),
             ]
             try:
                 yield

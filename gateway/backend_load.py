@@ -1,7 +1,8 @@
 """How busy each replica is with other gateways' requests: llama-server's own
 `llamacpp:requests_processing` + `llamacpp:requests_deferred` from its `/metrics`,
 polled at a bounded rate (one request per endpoint per interval), minus this
-gateway's own in-flight requests there, which it counts exactly."""
+gateway's own in-flight requests there, which it counts exactly. Only models with two
+or more replicas are polled: with one there is no choice for the load to inform."""
 
 from __future__ import annotations
 
@@ -50,7 +51,12 @@ async def poll_one(http: httpx.AsyncClient, endpoint: Endpoint, *, port: int = L
 
 async def poll_backend_load(*, registry: ModelRegistry, http: httpx.AsyncClient) -> None:
     while True:
-        endpoints = [e for m in list(registry.models.values()) for e in m.endpoints.values()]
+        endpoints = [
+            e
+            for m in list(registry.models.values())
+            if len(m.endpoints) >= 2
+            for e in m.endpoints.values()
+        ]
         if endpoints:
             await asyncio.gather(*(poll_one(http, e) for e in endpoints))
         await asyncio.sleep(POLL_INTERVAL_S)

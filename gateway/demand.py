@@ -1,51 +1,127 @@
-"""Demand reaches each DeploymentWorkflow as a rate-limited `demand` signal: at most
-one per model per interval, sent while the model had requests or still has some
-in flight (a long stream keeps reporting). Every gateway replica reports on its
-own; the workflow only keeps the latest time. Nothing here is state the workflow
-depends on: a gateway that restarts or stops simply stops reporting, and the
-model then idles down after its idleTimeout (the workflow also checks busy slots
-itself before scaling to zero); a request for a model at zero starts a wake."""
+"""Demand reaches each DeploymentWorkflow as its `demand` signal: this gateway's
+requests in flight to the model plus those it queues (for a replica at zero or a free
+slot), with the in-flight count per serving pod.
+
+Reports are sent economically (`ReportSchedule`): a rise at once (at most one report
+per MIN_GAP_S), a fall or an unchanged non-zero demand once a period
+(`kama.autoscaling.report_period`, derived from the model's idleTimeout and
+scaleDownWindow, 5 s to 60 s), as the peak seen during that period, and nothing at
+rest. A steady load therefore costs one Temporal action per model per period instead
+of one every 2 s. Requests that came and went between two samples count as a demand
+of one, so short requests keep a model from idling down.
+
+Nothing here is state the workflow depends on: a gateway that stops reporting is
+forgotten after a few periods (its demand ends), and the model idles down after its
+idleTimeout (the workflow also checks busy slots itself before scaling to zero); a
+request for a model at zero starts a wake."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
+import time
+from dataclasses import dataclass
 from datetime import timedelta
 
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from gateway.registry import ModelRegistry
+from gateway.registry import Model, ModelRegistry
 from kama.contracts import DemandReport, ObjectRef, deployment_workflow_id
 from workflows.deployment import DeploymentWorkflow
 
 log = logging.getLogger("kama.gateway")
 
-REPORT_INTERVAL_S = 2.0
+SAMPLE_INTERVAL_S = 1.0
+MIN_GAP_S = 2.0  # between two reports of one model
 # a stalled Temporal must not stall the reports of every other model behind one call
 REPORT_RPC_TIMEOUT = timedelta(seconds=2)
 
 
-async def report_demand(*, registry: ModelRegistry, client: Client) -> None:
-    gateway = socket.gethostname()
+@dataclass
+class ReportSchedule:
+    """When one model's demand is worth a signal. `sample` takes the demand seen now
+    and answers the demand to report, or None."""
+
+    sent: int = 0  # the demand last reported
+    sent_at: float = float("-inf")
+    period_start: float = 0.0
+    peak: int = 0  # the highest demand seen since period_start
+
+    def sample(self, demand: int, *, now: float, period_s: float) -> int | None:
+        self.peak = max(self.peak, demand)
+        if demand > self.sent and now - self.sent_at >= MIN_GAP_S:
+            return self._send(demand, now=now)
+        if now - self.period_start < period_s:
+            return None
+        peak, self.peak, self.period_start = self.peak, demand, now
+        if peak > 0 or self.sent > 0:
+            return self._send(peak, now=now)
+        return None
+
+    def _send(self, demand: int, *, now: float) -> int:
+        self.sent, self.sent_at = demand, now
+        return demand
+
+
+def current_demand(model: Model) -> int:
+    """Requests in flight or queued now; at least one if any came and went since the
+    last sample."""
+    queued = model.held + sum(1 for w in model.slot_waiters if not w.granted.done())
+    demand = model.in_flight + queued
+    if model.requests_since_report:
+        model.requests_since_report = 0
+        demand = max(demand, 1)
+    return demand
+
+
+def demand_report(model: Model, *, gateway: str) -> DemandReport:
+    queued = model.held + sum(1 for w in model.slot_waiters if not w.granted.done())
+    pods = {e.pod: e.in_flight for e in model.endpoints.values() if e.in_flight}
+    return DemandReport(gateway=gateway, in_flight=model.in_flight, queued=queued, pods=pods)
+
+
+def gateway_identity() -> str:
+    """How this gateway names itself in reports: unique per process, stable while it
+    runs (several gateways may share a host outside Kubernetes)."""
+    return f"{socket.gethostname()}/{os.getpid()}"
+
+
+async def report_demand(
+    *, registry: ModelRegistry, client: Client, cluster: str, gateway: str
+) -> None:
+    schedules: dict[str, ReportSchedule] = {}
     while True:
-        await asyncio.sleep(REPORT_INTERVAL_S)
+        await asyncio.sleep(SAMPLE_INTERVAL_S)
+        now = time.monotonic()
+        for key in set(schedules) - set(registry.models):
+            del schedules[key]
         for model in list(registry.models.values()):
-            if not (model.requests_since_report or model.in_flight):
+            schedule = schedules.setdefault(model.key, ReportSchedule(period_start=now))
+            demand = schedule.sample(current_demand(model), now=now, period_s=model.report_period_s)
+            if demand is None:
                 continue
-            model.requests_since_report = 0
-            workflow_id = deployment_workflow_id(
-                ObjectRef(namespace=model.namespace, name=model.name, uid=model.uid)
-            )
-            try:
-                await client.get_workflow_handle(workflow_id).signal(
-                    DeploymentWorkflow.demand,
-                    DemandReport(gateway=gateway, in_flight=model.in_flight),
-                    rpc_timeout=REPORT_RPC_TIMEOUT,
+            report = demand_report(model, gateway=gateway)
+            if report.demand < demand:  # the peak of the period, or a request now gone
+                report = DemandReport(
+                    gateway=gateway,
+                    in_flight=report.in_flight + demand - report.demand,
+                    queued=report.queued,
+                    pods=report.pods,
                 )
-            except RPCError as exc:
-                if exc.status != RPCStatusCode.NOT_FOUND:
-                    log.warning("reporting demand for %s failed: %s", model.key, exc)
-            except Exception as exc:  # Temporal away: report again next period
-                log.warning("reporting demand for %s failed: %s", model.key, exc)
+            await _signal(client, model=model, cluster=cluster, report=report)
+
+
+async def _signal(client: Client, *, model: Model, cluster: str, report: DemandReport) -> None:
+    ref = ObjectRef(namespace=model.namespace, name=model.name, uid=model.uid, cluster=cluster)
+    try:
+        await client.get_workflow_handle(deployment_workflow_id(ref)).signal(
+            DeploymentWorkflow.demand, report, rpc_timeout=REPORT_RPC_TIMEOUT
+        )
+    except RPCError as exc:
+        if exc.status != RPCStatusCode.NOT_FOUND:
+            log.warning("reporting demand for %s failed: %s", model.key, exc)
+    except Exception as exc:  # Temporal away: report again next period
+        log.warning("reporting demand for %s failed: %s", model.key, exc)

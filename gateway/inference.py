@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.affinity import affinity_key
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import Proxy
@@ -98,6 +99,7 @@ async def serve_inference(
         model = resolve(proxy.registry, name)
         await proxy.forward(
             model=model,
+            affinity=affinity_key(fields) if model.prefix_affinity else None,
             method=request.method,
             path=route.upstream_path,
             body=request.body,

@@ -94,9 +94,11 @@ class Proxy:
         route: str,
         reply: Reply,
         asked_as: str,
+        affinity: bytes | None = None,
     ) -> None:
         """Answer `reply` from a replica of `model`, or raise GatewayError. The answer
-        names the model `asked_as`, the name the client used."""
+        names the model `asked_as`, the name the client used; `affinity` (PrefixAffinity
+        routing) ranks the replicas for this conversation."""
         started = time.monotonic()
         if not model.endpoints:
             await self._hold(model, size=len(body))
@@ -104,7 +106,9 @@ class Proxy:
         tried: set[str] = set()
         held_again = False
         while True:
-            lease = await self._lease(model, route=route, tried=tried, size=len(body))
+            lease = await self._lease(
+                model, route=route, tried=tried, size=len(body), affinity=affinity
+            )
             if lease is None:
                 if not tried and not held_again:  # the replicas left since the hold
                     await self._hold(model, size=len(body))
@@ -140,13 +144,23 @@ class Proxy:
         with self.held.hold(size):
             await self.waker.hold_until_ready(model)
 
-    async def _lease(self, model: Model, *, route: str, tried: set[str], size: int) -> Lease | None:
+    async def _lease(
+        self,
+        model: Model,
+        *,
+        route: str,
+        tried: set[str],
+        size: int,
+        affinity: bytes | None = None,
+    ) -> Lease | None:
         """A replica with a free slot, at once or after the requests already waiting
         for one (see `ModelRegistry.wait_for_slot`, the wait counted as held bytes);
         None if none is left to try."""
         registry = self.registry
         if not model.slot_waiters:
-            lease = registry.acquire(model, route=route, exclude=tried, now=time.monotonic())
+            lease = registry.acquire(
+                model, route=route, exclude=tried, now=time.monotonic(), affinity=affinity
+            )
             if lease is not None:
                 return lease
         if not registry.can_wait(model, exclude=tried):

@@ -32,6 +32,7 @@ from gateway.aliases import alias_owners
 from gateway.deployment_status import cannot_start, not_serving_reason
 from gateway.metrics import GatewayMetrics, RequestSeries
 from gateway.routing import choose_endpoint
+from kama.autoscaling import DEFAULT_SCALE_DOWN_WINDOW, report_period
 from kama.durations import parse_duration
 from kama.serving_pod import DEPLOYMENT_LABEL, DRAINING_LABEL
 
@@ -51,9 +52,13 @@ class Endpoint:
     served: int = 0
     early: bool = False  # confirmed by the supervisor's /readyz before the kubelet said Ready
     unreachable_until: float = 0.0  # a connection timed out: others first until then
+    leaving: bool = False  # draining or deleted while requests were in flight here
+
+    def load(self) -> int:
+        return self.in_flight + self.others
 
     def pressure(self) -> float:
-        return (self.in_flight + self.others) / max(self.slots, 1)
+        return self.load() / max(self.slots, 1)
 
     def observe_backend(self, *, held: int, ours: int) -> None:
         """llama-server said it holds `held` requests (processing + deferred) while
@@ -84,6 +89,8 @@ class Model:
     held: int = 0  # requests waiting for a replica
     in_flight: int = 0
     requests_since_report: int = 0
+    report_period_s: float = 60.0  # kama.autoscaling.report_period of its spec
+    prefix_affinity: bool = False  # spec.routing.strategy PrefixAffinity
     created: int = 0
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     slot_waiters: deque[SlotWaiter] = field(default_factory=deque)  # every replica full
@@ -147,6 +154,8 @@ class Lease:
         self.endpoint.in_flight -= 1
         self.model.in_flight -= 1
         self.series.end()
+        if self.endpoint.leaving and self.endpoint.in_flight == 0:
+            self.registry.notify_drain(self.model, self.endpoint)
         if self.model.slot_waiters:
             self.registry.grant_slots(self.model)
 
@@ -157,6 +166,9 @@ class ModelRegistry:
         self.models: dict[str, Model] = {}
         self.alias_owners: dict[str, str] = {}  # alias -> key of the model it routes to
         self._pods: dict[str, tuple[str, dict[str, Any]]] = {}  # ns/pod -> (model key, pod)
+        # (namespace, pod, in flight) for the pod's drain workflow (gateway.drain_reports)
+        self.drain_notices: deque[tuple[str, str, int]] = deque()
+        self.drain_noticed = asyncio.Event()
 
     # name resolution ------------------------------------------------------------
 
@@ -201,6 +213,13 @@ class ModelRegistry:
         self.alias_owners = alias_owners(self.models.values())
         model.max_queued = int(scaling.get("maxQueuedRequests", DEFAULT_MAX_QUEUED))
         model.cold_start_s = parse_duration(scaling.get("coldStartTimeout", "10m")).total_seconds()
+        model.report_period_s = report_period(
+            idle_timeout=parse_duration(scaling.get("idleTimeout", "10m")),
+            scale_down_window=parse_duration(
+                scaling.get("scaleDownWindow", DEFAULT_SCALE_DOWN_WINDOW)
+            ),
+        ).total_seconds()
+        model.prefix_affinity = (spec.get("routing") or {}).get("strategy") == "PrefixAffinity"
         model.reason = not_serving_reason(obj)
         model.cannot_start = cannot_start(obj)
         self._update_ready(model)  # held requests learn if it cannot start
@@ -244,9 +263,18 @@ class ModelRegistry:
             model.endpoints.pop(name, None)
             model.starting[name] = Endpoint(pod=name, ip=pod["status"]["podIP"], slots=_slots(pod))
         else:
-            model.endpoints.pop(name, None)
+            gone = model.endpoints.pop(name, None)
             model.starting.pop(name, None)
+            if gone is not None and gone.in_flight and not gone.leaving:
+                gone.leaving = True  # its drain waits for what this gateway still has there
+                self.notify_drain(model, gone)
         self._update_ready(model)
+
+    def notify_drain(self, model: Model, endpoint: Endpoint) -> None:
+        """Tell the drain of `endpoint`'s pod how many requests this gateway still has
+        there (when it starts leaving, and again at zero)."""
+        self.drain_notices.append((model.namespace, endpoint.pod, endpoint.in_flight))
+        self.drain_noticed.set()
 
     def confirm_early(self, model: Model, pod: str) -> None:
         """A starting pod's supervisor reported ready: route to it now (a model at
@@ -276,11 +304,19 @@ class ModelRegistry:
     # requests ------------------------------------------------------------------
 
     def acquire(
-        self, model: Model, *, route: str, exclude: Collection[str], now: float
+        self,
+        model: Model,
+        *,
+        route: str,
+        exclude: Collection[str],
+        now: float,
+        affinity: bytes | None = None,
     ) -> Lease | None:
         """The replica for the next request (see `gateway.routing`), counted in flight
         until the returned lease is released; None if no replica is left to try."""
-        endpoint = choose_endpoint(model.endpoints.values(), exclude=exclude, now=now)
+        endpoint = choose_endpoint(
+            model.endpoints.values(), exclude=exclude, now=now, affinity=affinity
+        )
         if endpoint is None:
             return None
         series = self.metrics.series(model=model.key, route=route, pod=endpoint.pod)

@@ -53,12 +53,14 @@ class Waker:
         *,
         client: Client,
         task_queue: str,
+        cluster: str,
         metrics: GatewayMetrics,
         registry: ModelRegistry,
         http: httpx.AsyncClient,
     ) -> None:
         self.client = client
         self.task_queue = task_queue
+        self.cluster = cluster  # wakes and deployments are this cluster's workflows
         self.metrics = metrics
         self.registry = registry
         self.http = http
@@ -111,10 +113,15 @@ class Waker:
         handle = await self.client.start_workflow(
             WakeWorkflow.run,
             WakeInput(
-                ref=ObjectRef(namespace=model.namespace, name=model.name, uid=model.uid),
+                ref=ObjectRef(
+                    namespace=model.namespace,
+                    name=model.name,
+                    uid=model.uid,
+                    cluster=self.cluster,
+                ),
                 timeout_s=model.cold_start_s,
             ),
-            id=wake_workflow_id(namespace=model.namespace, name=model.name),
+            id=wake_workflow_id(cluster=self.cluster, namespace=model.namespace, name=model.name),
             task_queue=self.task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             search_attributes=TypedSearchAttributes(
@@ -204,7 +211,8 @@ class Waker:
         if run_id is None:
             return  # no wake was started: nothing to tell
         handle = self.client.get_workflow_handle(
-            wake_workflow_id(namespace=model.namespace, name=model.name), run_id=run_id
+            wake_workflow_id(cluster=self.cluster, namespace=model.namespace, name=model.name),
+            run_id=run_id,
         )  # that run only: a later wake for the same model must not end early
         for attempt in range(1, READY_SIGNAL_ATTEMPTS + 1):
             try:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
@@ -124,6 +125,21 @@ def artifact_digest(files: list[ManifestFile]) -> str:
         return files[0].sha256
     joined = "".join(f.sha256 for f in sorted(files, key=lambda f: f.path))
     return hashlib.sha256(joined.encode()).hexdigest()
+
+
+def expected_digest_mismatch(*, expected: str | None, files: Sequence[ManifestFile]) -> str | None:
+    """Why `files` are not the artifact `spec.expectedSHA256` names, or None (they are,
+    or nothing is expected). The digest compared is the artifact digest: the file's
+    sha256 for a single file, `artifact_digest` of the set for a shard set."""
+    if not expected or not files:
+        return None
+    actual = artifact_digest(list(files))
+    if actual == expected:
+        return None
+    what = (
+        f"{files[0].path}: sha256" if len(files) == 1 else f"artifact digest of {len(files)} files"
+    )
+    return f"{what} {actual} != spec.expectedSHA256 {expected}"
 
 
 def blob_dir(digest: str) -> PurePosixPath:

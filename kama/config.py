@@ -1,42 +1,100 @@
 """Process settings from the environment, parsed without I/O (the caller passes
-`os.environ`). Every Kama process reads the same names."""
+`os.environ`). Every Kama process reads the same names.
+
+The Temporal connection itself (address, namespace, API key, TLS, profiles) is read
+the way every Temporal app reads it, `TEMPORAL_*` through `temporalio.envconfig`
+(`kamactl/clients.py`); `KAMA_TEMPORAL_ADDRESS` and `KAMA_TEMPORAL_NAMESPACE`, kept
+from before, override those two when set. `KAMA_CLUSTER` names the cluster for when
+several share one Temporal namespace (see `cluster_name_problem`)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from kama.contracts import control_task_queue
 
 DEFAULT_CONTROL_QUEUE = "kama-control"
 DEFAULT_IMPORTER_IMAGE = "ghcr.io/kama-dev/kama:0.1.0"
 DEFAULT_HEALTH_PORT = 8081
 
+# a DNS label: it prefixes workflow IDs and task queues, and may name Kubernetes objects
+_CLUSTER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def cluster_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a cluster's name (None if it can).
+
+    "" is the unnamed cluster: the Temporal namespace serves this one cluster, and the
+    workflow IDs and the control queue are the ones Kama always used, so an install
+    that gains a name later is the only change that moves its workflows. There is no
+    derived default (such as the kube-system namespace's uid): an identity that changes
+    when a cluster is restored or rebuilt would orphan every running workflow, reading
+    it needs a cluster-wide permission that the namespaced mode does not have, and a
+    Helm `lookup` is empty under `helm template`. Clusters that share a namespace each
+    set their own name (the chart's `clusterName`)."""
+    if name == "" or _CLUSTER_NAME.match(name):
+        return None
+    return (
+        f"KAMA_CLUSTER={name!r} is not a valid cluster name: lower-case letters, digits "
+        "and '-', at most 63 characters, starting and ending with a letter or digit"
+    )
+
 
 @dataclass(frozen=True)
 class Settings:
-    temporal_address: str = "localhost:7233"
-    temporal_namespace: str = "default"
-    control_queue: str = DEFAULT_CONTROL_QUEUE
+    # KAMA_TEMPORAL_ADDRESS / KAMA_TEMPORAL_NAMESPACE: None leaves them to TEMPORAL_*
+    temporal_address: str | None = None
+    temporal_namespace: str | None = None
+    control_queue: str = DEFAULT_CONTROL_QUEUE  # as configured; see control_task_queue
+    cluster: str = ""  # KAMA_CLUSTER: see cluster_name_problem
     hf_endpoint: str = "https://huggingface.co"
     importer_image: str = DEFAULT_IMPORTER_IMAGE
     importer_temporal_address: str | None = None  # as pods see Temporal, if different
+    # a Secret in each served namespace with the importer pods' Temporal credentials
+    # (tls.crt, tls.key, ca.crt, api-key: those the worker's own connection uses)
+    importer_temporal_secret: str | None = None
     watch_namespace: str | None = None  # None: all namespaces
     runtime_image: str = DEFAULT_IMPORTER_IMAGE  # serving pods run `kama runtime` from it
     health_port: int = DEFAULT_HEALTH_PORT  # the watcher's /healthz and /readyz
     health_host: str = "0.0.0.0"  # in a pod: its own IP (the chart passes status.podIP)
+    # Prometheus /metrics of the worker and the watcher, on health_host; None: not served
+    metrics_port: int | None = None  # Kama's own metrics (KAMA_METRICS_PORT)
+    temporal_metrics_port: int | None = None  # the Temporal SDK's (KAMA_TEMPORAL_METRICS_PORT)
+
+    def __post_init__(self) -> None:
+        if problem := cluster_name_problem(self.cluster):
+            raise ValueError(problem)
+
+    @property
+    def control_task_queue(self) -> str:
+        """The task queue every process of this cluster uses for Kama's workflows and
+        control activities (the worker polls it, the watcher and gateway start on it)."""
+        return control_task_queue(cluster=self.cluster, queue=self.control_queue)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
         defaults = cls()
         return cls(
-            temporal_address=env.get("KAMA_TEMPORAL_ADDRESS", defaults.temporal_address),
-            temporal_namespace=env.get("KAMA_TEMPORAL_NAMESPACE", defaults.temporal_namespace),
+            temporal_address=env.get("KAMA_TEMPORAL_ADDRESS") or None,
+            temporal_namespace=env.get("KAMA_TEMPORAL_NAMESPACE") or None,
             control_queue=env.get("KAMA_CONTROL_QUEUE", defaults.control_queue),
+            cluster=env.get("KAMA_CLUSTER", defaults.cluster).strip(),
             hf_endpoint=env.get("KAMA_HF_ENDPOINT", defaults.hf_endpoint),
             importer_image=env.get("KAMA_IMPORTER_IMAGE", defaults.importer_image),
             importer_temporal_address=env.get("KAMA_IMPORTER_TEMPORAL_ADDRESS") or None,
+            importer_temporal_secret=env.get("KAMA_IMPORTER_TEMPORAL_SECRET") or None,
             watch_namespace=env.get("KAMA_WATCH_NAMESPACE") or None,
             runtime_image=env.get("KAMA_RUNTIME_IMAGE")
             or env.get("KAMA_IMPORTER_IMAGE", defaults.runtime_image),
             health_port=int(env.get("KAMA_HEALTH_PORT", defaults.health_port)),
             health_host=env.get("KAMA_HEALTH_HOST") or defaults.health_host,
+            metrics_port=_port(env.get("KAMA_METRICS_PORT")),
+            temporal_metrics_port=_port(env.get("KAMA_TEMPORAL_METRICS_PORT")),
         )
+
+
+def _port(value: str | None) -> int | None:
+    """A port to listen on; unset, empty or 0 means none."""
+    return int(value) if value and int(value) else None

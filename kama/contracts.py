@@ -12,7 +12,7 @@ signal-with-start takes a name."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from temporalio.common import SearchAttributeKey
@@ -36,17 +36,24 @@ ARTIFACT_CHANGED: Final = "artifact changed"
 WAKE: Final = "wake"
 DEMAND: Final = "demand"
 REPLICA_READY: Final = "replica ready"
+GATEWAY_IN_FLIGHT: Final = "gateway in flight"  # to a drain workflow
+VERIFY: Final = "verify"  # re-hash a Ready artifact now (`temporal workflow signal --name verify`)
+CAPACITY_REPORT: Final = "capacity report"  # an import tells its cache how much room it found
 STATUS_QUERY: Final = "status"
 
 
 @dataclass(frozen=True)
 class ObjectRef:
     """One Kubernetes object, by namespace, name and uid (a recreated object with the
-    same name is another object, with its own workflow)."""
+    same name is another object, with its own workflow), and the Kama cluster it lives
+    in (`KAMA_CLUSTER`): "" where the Temporal namespace serves one cluster, and in
+    every ref recorded before clusters had names, so old histories replay unchanged.
+    Every workflow ID built from a ref carries its cluster."""
 
     namespace: str
     name: str
     uid: str
+    cluster: str = ""
 
 
 @dataclass(frozen=True)
@@ -80,41 +87,95 @@ class WorkflowStatus:
 
 @dataclass(frozen=True)
 class DemandReport:
-    """A gateway saw requests for this model (rate-limited by the gateway): the
-    payload of the deployment's `demand` signal."""
+    """One gateway's demand for a model: the payload of the deployment's `demand`
+    signal, sent when it changes and repeated while it is not zero
+    (`kama.autoscaling.report_period`). Reports from gateways before autoscaling carry
+    `in_flight` alone."""
+
+    gateway: str
+    in_flight: int
+    queued: int = 0  # held for a replica (at zero) or for a free slot
+    pods: dict[str, int] = field(default_factory=dict)  # in flight per serving pod
+
+    @property
+    def demand(self) -> int:
+        return self.in_flight + self.queued
+
+
+@dataclass(frozen=True)
+class DrainReport:
+    """A gateway's requests still in flight to a draining pod: the payload of the
+    drain workflow's `gateway in flight` signal, sent when the gateway sees the pod's
+    draining label and again when its last request there ends."""
 
     gateway: str
     in_flight: int
 
 
+@dataclass(frozen=True)
+class CapacityReport:
+    """What an import found on its cache volume: the payload of the cache's `capacity
+    report` signal. `free_bytes` is the room before the import (its own staged bytes
+    counted as free); `needed_bytes` what it had to store."""
+
+    artifact: str  # the ModelArtifact's name (same namespace as the cache)
+    needed_bytes: int
+    free_bytes: int
+
+    @property
+    def short(self) -> bool:
+        return self.needed_bytes > self.free_bytes
+
+
+# Workflow IDs and task queues. A named cluster prefixes them (`prod-eu:artifact/...`,
+# `prod-eu:kama-control`): ':' appears in no Kubernetes name, so two clusters sharing
+# one Temporal namespace can never build each other's IDs or poll each other's queues.
+# The unnamed cluster ("") keeps the IDs Kama always had.
+
+
+def scoped(*, cluster: str, name: str) -> str:
+    """A workflow ID or task queue of one cluster."""
+    return f"{cluster}:{name}" if cluster else name
+
+
+def control_task_queue(*, cluster: str, queue: str) -> str:
+    """The task queue of a cluster's workflows and control activities."""
+    return scoped(cluster=cluster, name=queue)
+
+
 def artifact_workflow_id(ref: ObjectRef) -> str:
-    return f"artifact/{ref.namespace}/{ref.name}/{ref.uid}"
+    return scoped(cluster=ref.cluster, name=f"artifact/{ref.namespace}/{ref.name}/{ref.uid}")
 
 
 def cache_workflow_id(ref: ObjectRef) -> str:
-    return f"cache/{ref.namespace}/{ref.name}/{ref.uid}"
+    return scoped(cluster=ref.cluster, name=f"cache/{ref.namespace}/{ref.name}/{ref.uid}")
 
 
 def deployment_workflow_id(ref: ObjectRef) -> str:
-    return f"deployment/{ref.namespace}/{ref.name}/{ref.uid}"
+    return scoped(cluster=ref.cluster, name=f"deployment/{ref.namespace}/{ref.name}/{ref.uid}")
 
 
-def wake_workflow_id(*, namespace: str, name: str) -> str:
+def wake_workflow_id(*, cluster: str, namespace: str, name: str) -> str:
     """One per model, whatever its uid: concurrent first requests share it."""
-    return f"wake/{namespace}/{name}"
+    return scoped(cluster=cluster, name=f"wake/{namespace}/{name}")
 
 
-def drain_workflow_id(*, namespace: str, pod: str) -> str:
-    return f"drain/{namespace}/{pod}"
+def drain_workflow_id(*, cluster: str, namespace: str, pod: str) -> str:
+    return scoped(cluster=cluster, name=f"drain/{namespace}/{pod}")
 
 
 def rollout_workflow_id(ref: ObjectRef, *, number: int) -> str:
-    return f"rollout/{ref.namespace}/{ref.name}/{number}"
+    return scoped(cluster=ref.cluster, name=f"rollout/{ref.namespace}/{ref.name}/{number}")
 
 
 def import_workflow_id(ref: ObjectRef, *, operation: str) -> str:
-    return f"import/{ref.namespace}/{ref.name}/{operation}"
+    return scoped(cluster=ref.cluster, name=f"import/{ref.namespace}/{ref.name}/{operation}")
 
 
 def verify_workflow_id(ref: ObjectRef, *, operation: str) -> str:
-    return f"verify/{ref.namespace}/{ref.name}/{operation}"
+    return scoped(cluster=ref.cluster, name=f"verify/{ref.namespace}/{ref.name}/{operation}")
+
+
+def importer_task_queue(ref: ObjectRef, *, operation: str) -> str:
+    """The task queue one importer pod polls (one per import or verify operation)."""
+    return scoped(cluster=ref.cluster, name=f"kama-importer-{operation}")

@@ -4,6 +4,16 @@ serving template of one replica, and the status fields that report them.
 
 This is the "pure plan" half of the DeploymentWorkflow: the workflow reads inputs
 through activities, calls `decide_deployment`, and then executes. No I/O.
+
+Where the artifact can be mounted limits where replicas go: the claim's volume node
+affinity (a local PersistentVolume's node) leaves only the nodes it allows, and a
+claim only one node can mount at a time (ReadWriteOnce) puts every replica on one
+node: the node where a pod already mounts the claim (a replica, another deployment's,
+an importer), else the node the planner picks; the template pins that node.
+
+The conditions that summarise a decision are built here too: `Degraded` (a fallback
+from what was asked, never what was asked) and `Ready` (the rule is in
+`kama.api.deployment`).
 """
 
 from __future__ import annotations
@@ -13,7 +23,14 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from kama.api import GGUFInfo, ModelArtifactStatus
-from kama.api.deployment import ModelDeploymentSpec, RejectedCandidate, ResolvedProfile, Runtime
+from kama.api.deployment import (
+    DeploymentCondition,
+    ModelDeploymentSpec,
+    RejectedCandidate,
+    ResolvedProfile,
+    Runtime,
+)
+from kama.conditions import ConditionUpdate
 from kama.durations import parse_duration
 from kama.memory import (
     DEFAULT_BATCH_SIZE,
@@ -23,11 +40,20 @@ from kama.memory import (
     format_bytes,
 )
 from kama.node_inventory import node_from_k8s
-from kama.planner import Placement, PlacementPlan, Profile, ProfileMode, plan_placement
+from kama.planner import (
+    Placement,
+    PlacementMode,
+    PlacementPlan,
+    Profile,
+    ProfileMode,
+    plan_placement,
+)
 from kama.serving_plan import ServingPlan, load_mode
 from kama.serving_pod import ServingTemplate
 
 MAX_REJECTED_IN_STATUS: Final = 64
+SINGLE_NODE_ACCESS_MODES: Final = frozenset({"ReadWriteOnce", "ReadWriteOncePod"})
+SCALED_TO_ZERO: Final = "ScaledToZero"  # RuntimeReady's reason when no replica is wanted
 
 
 class ArtifactNotUsable(ValueError):
@@ -118,18 +144,31 @@ def serving_plan(*, profile: Profile, entrypoint: str, manifest_digest: str) -> 
     )
 
 
-def _expression_matches(expression: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    key, operator = expression.get("key", ""), expression.get("operator", "")
-    values = list(expression.get("values") or [])
+def _requirement_matches(requirement: Mapping[str, Any], values: Mapping[str, str]) -> bool:
+    key, operator = requirement.get("key", ""), requirement.get("operator", "")
+    wanted = list(requirement.get("values") or [])
     if operator == "In":
-        return labels.get(key) in values
+        return values.get(key) in wanted
     if operator == "NotIn":
-        return labels.get(key) not in values
+        return values.get(key) not in wanted
     if operator == "Exists":
-        return key in labels
+        return key in values
     if operator == "DoesNotExist":
-        return key not in labels
+        return key not in values
     return False
+
+
+def _term_matches(term: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
+    """A core/v1 NodeSelectorTerm: all its requirements hold (labels for
+    matchExpressions, `metadata.name` for matchFields); an empty term matches nothing."""
+    meta = node.get("metadata", {})
+    expressions = term.get("matchExpressions") or []
+    fields = term.get("matchFields") or []
+    labels = {**(meta.get("labels") or {}), "kubernetes.io/hostname": meta.get("name", "")}
+    return bool(expressions or fields) and (
+        all(_requirement_matches(e, labels) for e in expressions)
+        and all(_requirement_matches(f, {"metadata.name": meta.get("name", "")}) for f in fields)
+    )
 
 
 def nodes_that_mount(
@@ -141,16 +180,34 @@ def nodes_that_mount(
     terms = (affinity.get("required") or {}).get("nodeSelectorTerms") or []
     if not terms:
         return None
-    allowed = set()
-    for node in nodes:
-        meta = node.get("metadata", {})
-        labels = {**(meta.get("labels") or {}), "kubernetes.io/hostname": meta.get("name", "")}
+    return frozenset(
+        str(node.get("metadata", {}).get("name"))
+        for node in nodes
+        if any(_term_matches(term, node) for term in terms)
+    )
+
+
+def mounted_by_one_node(access_modes: Sequence[str]) -> bool:
+    """Whether only one node at a time can mount a claim with `access_modes`: none of
+    them is ReadOnlyMany or ReadWriteMany (unknown modes say nothing)."""
+    return bool(access_modes) and {str(m) for m in access_modes} <= SINGLE_NODE_ACCESS_MODES
+
+
+def nodes_holding_claim(*, pods: Sequence[Mapping[str, Any]], claim: str) -> list[str]:
+    """The nodes where a pod that has not ended mounts `claim` (pods as the API server
+    returns them)."""
+    held = set()
+    for pod in pods:
+        spec, status = pod.get("spec") or {}, pod.get("status") or {}
+        node = spec.get("nodeName")
+        if not node or status.get("phase") in ("Succeeded", "Failed"):
+            continue
         if any(
-            all(_expression_matches(e, labels) for e in term.get("matchExpressions") or [])
-            for term in terms
+            (volume.get("persistentVolumeClaim") or {}).get("claimName") == claim
+            for volume in spec.get("volumes") or []
         ):
-            allowed.add(str(meta.get("name")))
-    return frozenset(allowed)
+            held.add(str(node))
+    return sorted(held)
 
 
 def entrypoint_of(status: ModelArtifactStatus) -> str:
@@ -212,13 +269,24 @@ def decide_deployment(
     artifact: ModelArtifactStatus,
     nodes: Sequence[Mapping[str, Any]],
     image: str,
+    claim_nodes: Sequence[str] = (),
+    one_node_claims: bool = True,
 ) -> DeploymentDecision:
-    """Plan one replica and build its template; FitFailed gives no template."""
+    """Plan one replica and build its template; FitFailed gives no template.
+
+    `claim_nodes`: where pods already mount the artifact's claim. With
+    `one_node_claims` (False only to replay what workflows decided before it existed),
+    a claim one node at a time can mount keeps every replica on one node."""
     if artifact.gguf is None or artifact.serving_location is None or not artifact.manifest_digest:
         raise ArtifactNotUsable("artifact status lacks gguf facts, servingLocation or digest")
     facts = model_facts(artifact.gguf)
     envelope = runtime_envelope(spec.runtime)
     location = artifact.serving_location
+    allowed = nodes_that_mount(affinity=location.node_affinity, nodes=nodes)
+    one_node = one_node_claims and mounted_by_one_node(location.access_modes)
+    if one_node and claim_nodes:
+        holding = frozenset(claim_nodes)
+        allowed = holding if allowed is None else allowed & holding
     placement = Placement(
         mode=spec.placement.mode,
         policy=spec.placement.policy,
@@ -228,7 +296,7 @@ def decide_deployment(
             (t.key or "", str(t.operator), t.value or "", str(t.effect or ""))
             for t in spec.placement.tolerations
         ),
-        allowed_nodes=nodes_that_mount(affinity=location.node_affinity, nodes=nodes),
+        allowed_nodes=allowed,
     )
     plan = plan_placement(
         model=facts,
@@ -265,6 +333,7 @@ def decide_deployment(
             t.model_dump(mode="json", by_alias=True, exclude_none=True)
             for t in spec.placement.tolerations
         ],
+        node=profile.node if one_node else None,
     )
     return DeploymentDecision(
         plan=plan, template=template, profile=_profile_status(profile), rejected=rejected
@@ -281,6 +350,55 @@ def describe_profile(profile: Profile) -> str:
         f", VRAM {format_bytes(profile.vram_bytes_per_gpu)} per GPU"
         if profile.gpus_per_replica
         else ""
+    )
+
+
+def degraded_condition(*, profile: Profile, asked: PlacementMode) -> ConditionUpdate:
+    """`Degraded`: True for a CPU or hybrid fallback from what `placement.mode` asked;
+    False when the replica is placed as asked (the whole model on GPU, or CPU because
+    CPU was asked)."""
+    kind = DeploymentCondition.DEGRADED
+    if profile.degraded_reason is not None:
+        why = "CPUPlacement" if profile.mode is ProfileMode.CPU else "HybridPlacement"
+        return (kind, True, why, profile.degraded_reason)
+    if profile.mode is ProfileMode.GPU:
+        return (kind, False, "FullGPU", "the whole model is on GPU")
+    return (
+        kind,
+        False,
+        "AsRequested",
+        f"placed as asked (placement.mode {asked}): {describe_profile(profile)}",
+    )
+
+
+def ready_condition(conditions: Sequence[Mapping[str, Any]]) -> ConditionUpdate:
+    """`Ready` from the other conditions, by the rule in `kama.api.deployment`: False
+    with the first thing in the way; True when every desired replica is ready, or at
+    zero on purpose while the artifact is Ready and a placement fits."""
+    by_type = {c.get("type"): c for c in conditions}
+
+    def ready(status: bool, reason: str, message: str) -> ConditionUpdate:
+        return (DeploymentCondition.READY, status, reason, message)
+
+    for kind, reason, message in (
+        (DeploymentCondition.ARTIFACT_READY, "ArtifactNotReady", "the artifact is not Ready"),
+        (DeploymentCondition.PLACED, "NotPlaced", "no placement decided yet"),
+    ):
+        found = by_type.get(kind) or {}
+        if found.get("status") != "True":
+            return ready(False, found.get("reason") or reason, found.get("message") or message)
+    runtime = by_type.get(DeploymentCondition.RUNTIME_READY) or {}
+    if runtime.get("status") == "True":
+        return ready(True, runtime["reason"], runtime.get("message", ""))
+    if runtime.get("reason") == SCALED_TO_ZERO:
+        return ready(
+            True,
+            SCALED_TO_ZERO,
+            "no replica is wanted; the first request wakes one (the artifact is Ready and "
+            "a placement fits)",
+        )
+    return ready(
+        False, runtime.get("reason") or "Starting", runtime.get("message") or "no replica yet"
     )
 
 

@@ -12,6 +12,11 @@ from typing import Any
 MODELS_DIR = "/models"
 LLAMA_PORT = 8080
 SUPERVISOR_PORT = 8081
+# How the artifact at MODELS_DIR is laid out, for the supervisor's check: unset, a
+# blob published in a cache (manifest.json, READY); IN_PLACE_LAYOUT, a Direct
+# source's directory on its own claim (no manifest: the files are hashed again)
+ARTIFACT_LAYOUT_ENV = "KAMA_ARTIFACT_LAYOUT"
+IN_PLACE_LAYOUT = "in-place"
 
 _FLASH_ATTN_FLAG = {"Auto": "auto", "On": "on", "Off": "off"}
 # HTTP threads beyond one per slot: the supervisor's /health probe, the gateways'

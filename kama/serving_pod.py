@@ -15,7 +15,15 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
-from kama.serving_plan import LLAMA_PORT, MODELS_DIR, SUPERVISOR_PORT, ServingPlan
+from kama.cache_layout import BLOBS_DIR
+from kama.serving_plan import (
+    ARTIFACT_LAYOUT_ENV,
+    IN_PLACE_LAYOUT,
+    LLAMA_PORT,
+    MODELS_DIR,
+    SUPERVISOR_PORT,
+    ServingPlan,
+)
 
 API_VERSION: Final = "kama.dev/v1alpha1"
 MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
@@ -32,8 +40,10 @@ RUNTIME_USER: Final = 65532
 GRACE_BEYOND_DRAIN_S: Final = 15
 FINGERPRINT_CHARS: Final = 10
 MAX_NAME_PREFIX: Final = 40
-# ServingPlan fields that did not exist in the first release's fingerprints
+# ServingPlan and ServingTemplate fields that did not exist in the first release's
+# fingerprints
 PLAN_FIELDS_ADDED_LATER: Final = ("load_mode", "cache_reuse")
+TEMPLATE_FIELDS_ADDED_LATER: Final = ("node",)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,15 +61,21 @@ class ServingTemplate:
     gpu_product: str | None = None
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: list[dict[str, Any]] = field(default_factory=list)
+    node: str | None = None
+    """The one node every replica runs on: set when the artifact's claim can be
+    mounted by one node at a time (ReadWriteOnce)."""
 
     def fingerprint(self) -> str:
-        """A hash of the template. Plan fields added after pods were running are left
-        out while unset, so a Kama upgrade neither rolls every deployment nor changes
-        what a running workflow computes when it replays its history."""
+        """A hash of the template. Fields added after pods were running are left out
+        while unset, so a Kama upgrade neither rolls every deployment nor changes what
+        a running workflow computes when it replays its history."""
         content = asdict(self)
         for name in PLAN_FIELDS_ADDED_LATER:
             if content["plan"].get(name) is None:
                 del content["plan"][name]
+        for name in TEMPLATE_FIELDS_ADDED_LATER:
+            if content.get(name) is None:
+                del content[name]
         canonical = json.dumps(content, sort_keys=True, default=str)
         return hashlib.sha256(canonical.encode()).hexdigest()[:FINGERPRINT_CHARS]
 
@@ -82,15 +98,33 @@ def _resources(template: ServingTemplate) -> dict[str, Any]:
     return {"requests": requests, **({"limits": limits} if limits else {})}
 
 
+def _layout_env(template: ServingTemplate) -> list[dict[str, str]]:
+    """Tell the supervisor when the artifact is not a blob published in a cache (whose
+    subPath is always `blobs/sha256/<manifest digest>`) but a Direct source's directory
+    on its own claim, which it must hash again (runtime/supervisor.py)."""
+    published = f"{BLOBS_DIR}/{template.plan.manifest_digest}"
+    if template.sub_path == published:
+        return []
+    return [{"name": ARTIFACT_LAYOUT_ENV, "value": IN_PLACE_LAYOUT}]
+
+
 def _affinity(template: ServingTemplate) -> dict[str, Any] | None:
-    if not template.gpus or not template.gpu_product:
+    """Required node affinity: the GPU product the plan counted on, and the one node
+    of a single-node claim (by name, as a DaemonSet pins its pods)."""
+    term: dict[str, list[dict[str, Any]]] = {}
+    if template.gpus and template.gpu_product:
+        term["matchExpressions"] = [
+            {"key": GPU_PRODUCT_LABEL, "operator": "In", "values": [template.gpu_product]}
+        ]
+    if template.node:
+        term["matchFields"] = [
+            {"key": "metadata.name", "operator": "In", "values": [template.node]}
+        ]
+    if not term:
         return None
-    term = {"key": GPU_PRODUCT_LABEL, "operator": "In", "values": [template.gpu_product]}
     return {
         "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [{"matchExpressions": [term]}]
-            }
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
         }
     }
 
@@ -128,6 +162,7 @@ def serving_pod_manifest(
                 "env": [
                     {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                     {"name": "KAMA_SERVING_PLAN", "value": plan.to_json()},
+                    *_layout_env(template),
                 ],
                 "ports": [
                     {"name": "http", "containerPort": LLAMA_PORT},

@@ -11,16 +11,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import sys
 
 from kama.config import Settings
+from kamactl.logs import configure_logging
+
+QUIET_COMMANDS = frozenset({"status", "version"})  # a person reads their stdout
 
 
 def _settings() -> Settings:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return Settings.from_env(os.environ)
+    try:
+        return Settings.from_env(os.environ)
+    except ValueError as exc:  # e.g. a KAMA_CLUSTER that cannot prefix workflow IDs
+        print(f"kama: {exc}", file=sys.stderr)
+        raise SystemExit(EX_CONFIG) from None
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -80,6 +87,20 @@ def _byte_quantity(value: str) -> int:
     return size
 
 
+def _version(args: argparse.Namespace) -> int:
+    from kamactl.version import render_version, version_info
+
+    print(render_version(version_info(env=os.environ), output=args.output))
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from kamactl.status_cmd import current_namespace, run_status
+
+    namespace = None if args.all_namespaces else (args.namespace or current_namespace())
+    return asyncio.run(run_status(settings=_settings(), namespace=namespace, output=args.output))
+
+
 def _runtime(args: argparse.Namespace) -> int:
     from runtime.supervisor import run_runtime
 
@@ -122,12 +143,46 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "runtime", help="PID 1 of a serving pod: check the artifact, run llama-server, drain"
     ).set_defaults(func=_runtime)
+    version = sub.add_parser(
+        "version", help="print Kama's version, commit, Python and Temporal SDK versions"
+    )
+    version.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    version.set_defaults(func=_version)
+    status = sub.add_parser(
+        "status", help="what every Kama resource's workflow is doing (its status query)"
+    )
+    scope = status.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", help="the namespace (default: the context's)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
+    status.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    status.set_defaults(func=_status)
     return parser
 
 
+EX_CONFIG = 78  # sysexits.h: Temporal (or a setting) is not configured as Kama needs
+
+
 def main(argv: list[str] | None = None) -> int:
+    from kamactl.clients import TemporalSetupError
+
     args = build_parser().parse_args(argv)
-    code: int = args.func(args)
+    try:  # one log format for every process (KAMA_LOG_FORMAT, KAMA_LOG_LEVEL)
+        configure_logging(
+            env=os.environ,
+            default_level="WARNING" if args.command in QUIET_COMMANDS else "INFO",
+        )
+    except ValueError as exc:
+        print(f"kama: {exc}", file=sys.stderr)
+        return EX_CONFIG
+    try:
+        code: int = args.func(args)
+    except TemporalSetupError as exc:
+        print(f"kama {args.command}: {exc}", file=sys.stderr)
+        # the client is in a cycle with the exception: drop it now, not while the
+        # interpreter finalizes (where a TLS client's teardown aborts the process)
+        del exc
+        gc.collect()
+        return EX_CONFIG
     return code
 
 

@@ -16,7 +16,9 @@ import httpx
 from temporalio.worker import Worker
 
 from kama.config import Settings
-from kamactl.clients import connect_temporal, kube_api
+from kamactl.clients import connect_temporal, importer_connection, kube_api
+from kamactl.telemetry import install_temporal_metrics
+from kamactl.workflow_counts import worker_metrics
 
 log = logging.getLogger("kama")
 
@@ -42,14 +44,15 @@ async def run_worker(settings: Settings) -> None:
     from workflows.verify_model import VerifyWorkflow
     from workflows.wake import WakeWorkflow
 
+    # before the first client: the SDK's metrics go to the runtime it connects with
+    install_temporal_metrics(host=settings.health_host, port=settings.temporal_metrics_port)
     client = await connect_temporal(settings)
     api = kube_api()
     kube = KubeActivities(
         api=api,
         importer=ImporterSettings(
             image=settings.importer_image,
-            temporal_address=settings.importer_temporal_address or settings.temporal_address,
-            temporal_namespace=settings.temporal_namespace,
+            temporal=importer_connection(settings, env=os.environ),
             hf_endpoint=settings.hf_endpoint,
         ),
     )
@@ -61,7 +64,7 @@ async def run_worker(settings: Settings) -> None:
     with ThreadPoolExecutor(max_workers=16) as pool:
         worker = Worker(
             client,
-            task_queue=settings.control_queue,
+            task_queue=settings.control_task_queue,
             workflows=[
                 ArtifactWorkflow,
                 CacheWorkflow,
@@ -76,6 +79,7 @@ async def run_worker(settings: Settings) -> None:
                 kube.patch_status,
                 kube.record_event,
                 kube.cache_claim,
+                kube.expand_cache_claim,
                 kube.source_claim,
                 kube.ensure_importer_pod,
                 kube.delete_pod,
@@ -94,8 +98,21 @@ async def run_worker(settings: Settings) -> None:
             ],
             activity_executor=pool,
         )
-        async with worker:
-            log.info("worker polling %s on %s", settings.control_queue, settings.temporal_address)
+        async with (
+            worker,
+            worker_metrics(
+                client=client,
+                settings=settings,
+                task_queue=settings.control_task_queue,
+                workflows=worker.config()["workflows"],
+            ),
+        ):
+            log.info(
+                "worker polling %s on %s (namespace %s)",
+                settings.control_task_queue,
+                client.service_client.config.target_host,
+                client.namespace,
+            )
             await stop.wait()
 
 
@@ -112,6 +129,7 @@ def importer_activities(*, http: httpx.Client, hf_endpoint: str) -> list[Callabl
         hf.resolve_source,
         hf.download_file,
         cache.ensure_space,
+        cache.prepare_staging,
         cache.lookup,
         cache.publish,
         cache.discard_staging,

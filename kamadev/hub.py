@@ -67,7 +67,7 @@ class HubLog:
     ranges: list[ServedRange] = field(default_factory=list)
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
         while block := f.read(1 << 20):
@@ -97,7 +97,7 @@ class HubFixture:
         """Publish files as one commit of `repo_id`; returns the 40-hex commit."""
         entries = {}
         for rel, source in sorted(files.items()):
-            sha = _sha256_file(source)
+            sha = sha256_file(source)
             size = source.stat().st_size
             git_sha1 = hashlib.sha1(f"blob {size}\0".encode() + sha.encode()).hexdigest()
             entries[rel] = HubFile(

@@ -1,41 +1,41 @@
-"""What `make dev` runs on top of the local stack: the whole of Kama (worker,
-watcher, gateway) as processes, Kama's CRDs, a Hugging Face Hub fixture serving a
-generated model, and a demo ModelCache + ModelArtifact + ModelDeployment with
-`minReplicas: 0`. The deployment starts at zero, so the first request through the
-gateway is a cold start."""
+"""What `make dev` runs on top of the local stack: Kama installed by its Helm chart
+(CRDs, worker, watcher and gateway as pods with their own ServiceAccounts, on the
+stack's Temporal), a Hugging Face Hub fixture serving a generated model, and a demo
+ModelCache + ModelArtifact + ModelDeployment with `minReplicas: 0`. The deployment
+starts at zero, so the first request through the gateway is a cold start."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
-from kamadev.binaries import REPO_ROOT
+from kamadev.chart import CHART, RELEASE, helm, local_stack_values
 from kamadev.gguf_factory import ModelShape, write_model
 from kamadev.hub import HubFixture
-from kamadev.processes import ManagedProcess, free_port, wait_until
-from kamadev.stack import KAMA_IMAGE, LocalStack
+from kamadev.processes import wait_until
+from kamadev.stack import LocalStack
 
 DEMO_NAMESPACE = "kama-demo"
 DEMO_REPO = "kama-demo/tiny-chat"
 DEMO_MODEL = f"{DEMO_NAMESPACE}/tiny-chat"
+KAMA_NAMESPACE = "kama-system"
+GATEWAY_PORT = 8000  # the chart's gateway.port
 
 
 @dataclass
 class KamaDemo:
     gateway_url: str
     hub: HubFixture
-    processes: list[ManagedProcess] = field(default_factory=list)
+    stack: LocalStack
+    installed: bool = False
 
     def stop(self) -> None:
-        for process in reversed(self.processes):
-            process.stop(grace=5)
+        if self.installed:  # Kama's pods go; the stack's teardown takes the rest
+            helm(self.stack, "uninstall", RELEASE, "-n", KAMA_NAMESPACE, "--wait",
+                 "--timeout", "90s", check=False)  # fmt: skip
         self.hub.stop()
 
 
@@ -91,63 +91,21 @@ def start_kama_demo(stack: LocalStack) -> KamaDemo:
     (stack.workdir / "demo").mkdir(parents=True, exist_ok=True)
     model = write_model(stack.workdir / "demo" / "tiny.gguf", shape=ModelShape())
     hub.add_repo(DEMO_REPO, {"tiny.gguf": model})
-    _kubectl(stack, "apply", "-f", str(REPO_ROOT / "deploy" / "crds"))
-    _kubectl(stack, "wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
-    port, ops_port = free_port(), free_port()
-    env = {
-        "KUBECONFIG": str(stack.kubeconfig),
-        "KAMA_TEMPORAL_ADDRESS": stack.temporal.address,
-        "KAMA_HF_ENDPOINT": hub_url,
-        "KAMA_IMPORTER_IMAGE": KAMA_IMAGE,
-    }
-    demo = KamaDemo(gateway_url=f"http://127.0.0.1:{port}", hub=hub)
-    for command, extra in (
-        ("worker", []),
-        ("watcher", []),
-        (
-            "gateway",
-            ["--host", "127.0.0.1", "--port", str(port), "--ops-port", str(ops_port)],
-        ),
-    ):
-        demo.processes.append(
-            ManagedProcess(
-                name=f"kama-{command}",
-                argv=[sys.executable, "-m", "kamactl", command, *extra],
-                log_path=stack.workdir / "logs" / f"kama-{command}.log",
-                stack_id=stack.stack_id,
-                env={**os.environ, "KAMA_HEALTH_PORT": str(free_port()), **env},
-                cwd=REPO_ROOT,
-            )
-        )
+    demo = KamaDemo(gateway_url="", hub=hub, stack=stack)
     try:
-        deadline = time.monotonic() + 60
-        while True:  # the CRDs take a moment to be served after Established
-            try:
-                _kubectl(
-                    stack,
-                    "apply",
-                    "-f",
-                    "-",
-                    stdin=json.dumps(
-                        {"apiVersion": "v1", "kind": "List", "items": demo_resources()}
-                    ),
-                )
-                break
-            except subprocess.CalledProcessError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(1)
-
-        def gateway_ready() -> bool:
-            for process in demo.processes:
-                process.check_alive()
-            try:
-                ready = httpx.get(f"http://127.0.0.1:{ops_port}/readyz", timeout=2)
-                return ready.status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_until(gateway_ready, timeout=60, what="the gateway")
+        # Kama as a user installs it: the chart (CRDs, one ServiceAccount and role per
+        # component, worker, watcher and gateway pods), on the stack's Temporal
+        values = local_stack_values(hub_url=hub_url)
+        values["temporal"] = {"address": stack.temporal.address}
+        values["watcher"]["replicas"] = 1
+        values["gateway"] = {"replicas": 1}
+        values_file = stack.workdir / "demo" / "values.yaml"
+        values_file.write_text(json.dumps(values))  # JSON is YAML
+        helm(stack, "install", RELEASE, str(CHART), "-n", KAMA_NAMESPACE, "--create-namespace",
+             "-f", str(values_file), "--wait", "--timeout", "3m")  # fmt: skip
+        demo.installed = True
+        _apply_when_served(stack, demo_resources())
+        demo.gateway_url = f"http://{_gateway_address(stack)}:{GATEWAY_PORT}"
 
         def artifact_ready() -> bool:
             out = _kubectl(
@@ -160,3 +118,32 @@ def start_kama_demo(stack: LocalStack) -> KamaDemo:
         demo.stop()
         raise
     return demo
+
+
+def _apply_when_served(stack: LocalStack, items: list[dict[str, Any]]) -> None:
+    """`kubectl apply` the items, once the API server serves the chart's new CRDs (a
+    moment after they are Established)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            _kubectl(stack, "apply", "-f", "-", stdin=json.dumps(
+                {"apiVersion": "v1", "kind": "List", "items": items}
+            ))  # fmt: skip
+            return
+        except subprocess.CalledProcessError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+
+
+def _gateway_address(stack: LocalStack) -> str:
+    """The ready gateway pod's IP (its own loopback address on the process node)."""
+    out = _kubectl(
+        stack, "get", "pods", "-n", KAMA_NAMESPACE, "-o", "json",
+        "-l", "app.kubernetes.io/component=gateway",
+    )  # fmt: skip
+    for pod in json.loads(out)["items"]:
+        conditions = pod.get("status", {}).get("conditions") or []
+        if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
+            return str(pod["status"]["podIP"])
+    raise RuntimeError("no ready gateway pod after helm install --wait")

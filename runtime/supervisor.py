@@ -1,8 +1,23 @@
 """`kama runtime`: PID 1 of a serving container.
 
-Before anything runs it checks the mounted artifact: `READY` present and the
-manifest's digest equal to the one in the serving plan (sizes checked, bytes not
-re-hashed: the import verified them). Then it renders llama-server's flags from the
+Before anything runs it checks the mounted artifact against the serving plan's
+manifest digest (the artifact status's `manifestDigest`):
+
+- a blob published in a cache: `READY` present, its `manifest.json` with the plan's
+  digest and entrypoint, every file present with its size. Bytes are not re-hashed:
+  the import verified them and the blob is Kama's, written once.
+- a Direct artifact (`KAMA_ARTIFACT_LAYOUT=in-place`): files on someone else's claim,
+  with no manifest and no READY (Kama never writes there), that anyone with the
+  claim may have changed since the import verified them. Nothing there is trusted:
+  every file is read and hashed again, the manifest the import built is rebuilt from
+  the names, sizes and sha256s found (the entrypoint and its shards, or every GGUF
+  file of the directory), and its digest must be the plan's. Only regular files inside
+  `/models` count (a symlink that leaves it is refused). This costs one read of the
+  model before llama-server starts (which then maps pages the read left in the page
+  cache). A file changed while llama-server runs is not noticed here; the `verify`
+  signal re-hashes on demand, and Copy mode is the one that keeps its own bytes.
+
+Then it renders llama-server's flags from the
 plan only, starts llama-server once, and serves a readiness endpoint that is ready
 only while llama-server's `/health` is 200 and `/props` reports the expected model
 and slot count. On SIGTERM it stops being ready, waits until no slot is processing
@@ -11,6 +26,7 @@ and slot count. On SIGTERM it stops being ready, waits until no slot is processi
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import logging
@@ -24,8 +40,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from kama.cache_layout import MANIFEST_NAME, READY_NAME, Manifest
-from kama.serving_plan import LLAMA_PORT, MODELS_DIR, SUPERVISOR_PORT, ServingPlan
+from kama.cache_layout import MANIFEST_NAME, READY_NAME, Manifest, ManifestFile
+from kama.serving_plan import (
+    ARTIFACT_LAYOUT_ENV,
+    IN_PLACE_LAYOUT,
+    LLAMA_PORT,
+    MODELS_DIR,
+    SUPERVISOR_PORT,
+    ServingPlan,
+)
 
 log = logging.getLogger("kama.runtime")
 
@@ -40,7 +63,12 @@ class ArtifactNotServable(Exception):
     """The mounted directory is not the published artifact the plan names."""
 
 
-def check_artifact(*, directory: Path, plan: ServingPlan) -> Manifest:
+def check_artifact(*, directory: Path, plan: ServingPlan, in_place: bool = False) -> Manifest:
+    """The manifest of the artifact mounted at `directory` if it is the one `plan`
+    names (module docstring: what is checked for each layout); ArtifactNotServable
+    says why not."""
+    if in_place:
+        return check_in_place(directory=directory, plan=plan)
     if not (directory / READY_NAME).is_file():
         raise ArtifactNotServable(f"{directory} has no {READY_NAME}: not a published artifact")
     try:
@@ -58,6 +86,66 @@ def check_artifact(*, directory: Path, plan: ServingPlan) -> Manifest:
         if not path.is_file() or path.stat().st_size != f.size:
             raise ArtifactNotServable(f"{f.path} is missing or has the wrong size")
     return manifest
+
+
+def _artifact_file(directory: Path, name: str) -> Path:
+    """`directory/name` if it is a regular file inside `directory` (after symlinks)."""
+    path = directory / name
+    try:
+        real = path.resolve(strict=True)
+    except (OSError, RuntimeError) as exc:
+        raise ArtifactNotServable(f"{name} is missing: {exc}") from exc
+    if not real.is_relative_to(directory.resolve()):
+        raise ArtifactNotServable(f"{name} resolves outside {directory} ({real})")
+    if not real.is_file():
+        raise ArtifactNotServable(f"{name} is not a regular file")
+    return real
+
+
+def _file_sets(directory: Path, entrypoint: str) -> list[list[str]]:
+    """The file sets a Direct import can have made for `entrypoint`: the file alone or
+    its shard set (a file source), and every GGUF file of the directory (a
+    directory source)."""
+    from kama.gguf import parse_shard_name  # only Direct pods pay for the import
+
+    shard = parse_shard_name(entrypoint)
+    if shard is None:
+        own = [entrypoint]
+    else:
+        stem, _, count = shard
+        own = [f"{stem}-{n:05d}-of-{count:05d}.gguf" for n in range(1, count + 1)]
+    everything = sorted(p.name for p in directory.iterdir() if p.name.endswith(".gguf"))
+    return [own] if everything == own else [own, everything]
+
+
+def check_in_place(*, directory: Path, plan: ServingPlan) -> Manifest:
+    """A Direct artifact: its files hashed again and their manifest's digest compared
+    with the plan's (module docstring)."""
+    if "/" in plan.entrypoint:
+        raise ArtifactNotServable(
+            f"entrypoint {plan.entrypoint!r} is not a file name in {directory}: the plan "
+            "was made from an artifact status that names files from the claim's root"
+        )
+    hashed: dict[str, ManifestFile] = {}
+    built: list[str] = []
+    for names in _file_sets(directory, plan.entrypoint):
+        entries = []
+        for name in names:
+            if name not in hashed:
+                path = _artifact_file(directory, name)
+                with path.open("rb") as f:
+                    sha256 = hashlib.file_digest(f, "sha256").hexdigest()
+                hashed[name] = ManifestFile(path=name, size=path.stat().st_size, sha256=sha256)
+            entries.append(hashed[name])
+        manifest = Manifest.build(files=entries, entrypoint=plan.entrypoint)
+        if manifest.digest == plan.manifest_digest:
+            log.info("verified %d file(s) in place (%d bytes)", len(entries), manifest.total_size)
+            return manifest
+        built.append(f"{', '.join(names)}: {manifest.digest}")
+    raise ArtifactNotServable(
+        f"the files in {directory} are not the artifact verified at import (manifest digest "
+        f"{plan.manifest_digest}; found {'; '.join(built)}): the claim changed since"
+    )
 
 
 class Supervisor:
@@ -174,8 +262,9 @@ def run_runtime() -> int:
     plan = ServingPlan.from_json(os.environ[PLAN_ENV])
     host = os.environ.get("POD_IP", "127.0.0.1")
     models = Path(os.environ.get("KAMA_MODELS_DIR", MODELS_DIR))
+    in_place = os.environ.get(ARTIFACT_LAYOUT_ENV) == IN_PLACE_LAYOUT
     try:
-        check_artifact(directory=models, plan=plan)
+        check_artifact(directory=models, plan=plan, in_place=in_place)
     except ArtifactNotServable as exc:
         print(f"kama runtime: refusing to start: {exc}", file=sys.stderr, flush=True)
         return 2

@@ -112,8 +112,14 @@ def _kama_process(
         argv=[sys.executable, "-m", "kamactl", command, *(extra_args or [])],
         log_path=stack.workdir / "logs" / f"kama-{label}.log",
         stack_id=stack.stack_id,
-        # each process its own health port (two watchers run at once)
-        env={**os.environ, "KAMA_HEALTH_PORT": str(free_port()), **env},
+        # each process its own health and metrics ports (two watchers run at once)
+        env={
+            **os.environ,
+            "KAMA_HEALTH_PORT": str(free_port()),
+            "KAMA_METRICS_PORT": str(free_port()),
+            "KAMA_TEMPORAL_METRICS_PORT": str(free_port()),
+            **env,
+        },
         cwd=REPO_ROOT,
     )
 

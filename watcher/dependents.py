@@ -14,7 +14,14 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from kama.api import GROUP, VERSION
-from kama.contracts import DEPLOYMENTS, ObjectRef, deployment_workflow_id
+from kama.contracts import (
+    ARTIFACT_CHANGED,
+    DEPLOYMENTS,
+    PODS_CHANGED,
+    ObjectRef,
+    deployment_workflow_id,
+)
+from watcher.metrics import WatcherMetrics
 from watcher.nudge import DEPLOYMENT
 from workflows.deployment import DeploymentWorkflow
 
@@ -24,20 +31,38 @@ log = logging.getLogger("kama.watcher")
 
 
 class DeploymentSignals:
-    def __init__(self, *, client: Client, custom: k8s.CustomObjectsApi) -> None:
+    def __init__(
+        self,
+        *,
+        client: Client,
+        custom: k8s.CustomObjectsApi,
+        cluster: str,
+        metrics: WatcherMetrics | None = None,
+    ) -> None:
         self.client = client
         self.custom = custom
+        self.cluster = cluster  # deployments are this cluster's workflows
+        self.metrics = metrics or WatcherMetrics()
 
     async def _signal(
-        self, *, namespace: str, name: str, uid: str, signal: DeploymentSignal
+        self, *, namespace: str, name: str, uid: str, signal: DeploymentSignal, label: str
     ) -> None:
-        workflow_id = deployment_workflow_id(ObjectRef(namespace=namespace, name=name, uid=uid))
+        workflow_id = deployment_workflow_id(
+            ObjectRef(namespace=namespace, name=name, uid=uid, cluster=self.cluster)
+        )
         try:
             await self.client.get_workflow_handle(workflow_id).signal(signal)
         except RPCError as exc:
             if exc.status != RPCStatusCode.NOT_FOUND:
+                self.metrics.signalled(signal=label, outcome="error")
                 raise
+            self.metrics.signalled(signal=label, outcome="not_found")
             log.debug("%s: no running workflow for %s", workflow_id, signal)
+            return
+        except Exception:
+            self.metrics.signalled(signal=label, outcome="error")
+            raise
+        self.metrics.signalled(signal=label, outcome="ok")
 
     async def pod_event(self, _event_type: str, pod: dict[str, Any]) -> None:
         meta = pod.get("metadata", {})
@@ -48,6 +73,7 @@ class DeploymentSignals:
                     name=owner["name"],
                     uid=owner["uid"],
                     signal=DeploymentWorkflow.pods_changed,
+                    label=PODS_CHANGED,
                 )
 
     async def artifact_event(self, event_type: str, artifact: dict[str, Any]) -> None:
@@ -71,4 +97,5 @@ class DeploymentSignals:
                     name=item["metadata"]["name"],
                     uid=item["metadata"]["uid"],
                     signal=DeploymentWorkflow.artifact_changed,
+                    label=ARTIFACT_CHANGED,
                 )

@@ -16,7 +16,8 @@ from kama.api import GROUP, VERSION
 from kama.config import Settings
 from kama.serving_pod import ROLE_LABEL, SERVER_ROLE
 from watcher.dependents import DeploymentSignals
-from watcher.nudge import ARTIFACT, CACHE, DEPLOYMENT, Nudger
+from watcher.metrics import WatcherMetrics
+from watcher.nudge import ARTIFACT, CACHE, DEPLOYMENT, EntityKind, Nudger
 from watcher.watch import WatchHealth, WatchTarget, kama_objects, labelled_pods, start_watch
 
 log = logging.getLogger("kama.watcher")
@@ -41,23 +42,50 @@ def watch_targets(
     ]
 
 
+def counted_nudge(*, nudger: Nudger, entity: EntityKind, metrics: WatcherMetrics) -> Handler:
+    """`nudger.nudge`, counted by outcome (a deletion is no nudge: the finalizer waits
+    for the workflow)."""
+
+    async def nudge(kind: str, obj: dict[str, Any]) -> None:
+        try:
+            await nudger.nudge(kind, obj)
+        except Exception:
+            metrics.nudged(kind=entity.kind, outcome="error")
+            raise
+        if kind != "DELETED":
+            metrics.nudged(kind=entity.kind, outcome="ok")
+
+    return nudge
+
+
 def handlers(
-    *, client: Client, custom: k8s.CustomObjectsApi, settings: Settings
+    *,
+    client: Client,
+    custom: k8s.CustomObjectsApi,
+    settings: Settings,
+    metrics: WatcherMetrics | None = None,
 ) -> dict[str, Handler]:
-    nudgers = {
-        entity.plural: Nudger(client=client, custom=custom, settings=settings, entity=entity)
+    metrics = metrics or WatcherMetrics()
+    nudge = {
+        entity.plural: counted_nudge(
+            nudger=Nudger(client=client, custom=custom, settings=settings, entity=entity),
+            entity=entity,
+            metrics=metrics,
+        )
         for entity in (ARTIFACT, CACHE, DEPLOYMENT)
     }
-    signals = DeploymentSignals(client=client, custom=custom)
+    signals = DeploymentSignals(
+        client=client, custom=custom, cluster=settings.cluster, metrics=metrics
+    )
 
     async def on_artifact(kind: str, obj: dict[str, Any]) -> None:
-        await nudgers[ARTIFACT.plural].nudge(kind, obj)
+        await nudge[ARTIFACT.plural](kind, obj)
         await signals.artifact_event(kind, obj)
 
     return {
         ARTIFACT.plural: on_artifact,
-        CACHE.plural: nudgers[CACHE.plural].nudge,
-        DEPLOYMENT.plural: nudgers[DEPLOYMENT.plural].nudge,
+        CACHE.plural: nudge[CACHE.plural],
+        DEPLOYMENT.plural: nudge[DEPLOYMENT.plural],
         "pods": signals.pod_event,
     }
 
@@ -69,9 +97,11 @@ async def run_watcher(
     client: Client,
     stop: threading.Event,
     health: WatchHealth,
+    metrics: WatcherMetrics | None = None,
 ) -> None:
     custom = k8s.CustomObjectsApi(api)
-    handle = handlers(client=client, custom=custom, settings=settings)
+    metrics = metrics or WatcherMetrics(health=health)
+    handle = handlers(client=client, custom=custom, settings=settings, metrics=metrics)
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[str, str, dict[str, Any]]] = asyncio.Queue()
 
@@ -86,6 +116,7 @@ async def run_watcher(
             name, kind, obj = await asyncio.wait_for(queue.get(), timeout=1)
         except TimeoutError:
             continue
+        metrics.event(resource=name, type=kind)
         try:
             await handle[name](kind, obj)
         except Exception:

@@ -50,10 +50,12 @@ class EntityKind:
     summary: Callable[[dict[str, Any]], str]
 
 
-def snapshot_of(obj: dict[str, Any]) -> EntitySnapshot:
+def snapshot_of(obj: dict[str, Any], *, cluster: str) -> EntitySnapshot:
     meta = obj["metadata"]
     return EntitySnapshot(
-        ref=ObjectRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"]),
+        ref=ObjectRef(
+            namespace=meta["namespace"], name=meta["name"], uid=meta["uid"], cluster=cluster
+        ),
         generation=int(meta.get("generation", 1)),
         spec=obj.get("spec", {}),
         deleting=meta.get("deletionTimestamp") is not None,
@@ -127,7 +129,7 @@ class Nudger:
         self.client = client
         self.custom = custom
         self.settings = settings
-        self.task_queue = settings.control_queue
+        self.task_queue = settings.control_task_queue
         self.entity = entity
 
     def ensure_finalizer(self, obj: dict[str, Any]) -> bool:
@@ -164,7 +166,7 @@ class Nudger:
             return  # the finalizer guarantees the workflow saw the deletion first
         if not self.ensure_finalizer(obj):
             return
-        snap = snapshot_of(obj)
+        snap = snapshot_of(obj, cluster=self.settings.cluster)
         await self.client.start_workflow(
             self.entity.run,
             self.entity.make_input(snap, self.settings),

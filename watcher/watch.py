@@ -24,7 +24,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kubernetes import client as k8s
@@ -68,6 +68,14 @@ class CollectionHealth:
     failing_since: float | None = None  # monotonic time of the first failure in a row
     last_error: str | None = None
     alive: bool = True
+    restarts: dict[str, int] = field(default_factory=dict)  # re-lists by reason (metrics)
+
+    def connected(self) -> bool:
+        """Listed, watching, and not failing right now."""
+        return self.alive and self.synced and self.failing_since is None
+
+    def restarted(self, *, reason: str) -> None:
+        self.restarts[reason] = self.restarts.get(reason, 0) + 1
 
 
 @dataclass
@@ -94,6 +102,13 @@ class WatchHealth:
     def alive(self) -> bool:
         with self.lock:
             return all(c.alive for c in self.collections.values())
+
+    def snapshot(self) -> dict[str, CollectionHealth]:
+        """A copy of every collection's health (for metrics, read at scrape time)."""
+        with self.lock:
+            return {
+                name: replace(c, restarts=dict(c.restarts)) for name, c in self.collections.items()
+            }
 
     def report(self) -> dict[str, dict[str, Any]]:
         now = time.monotonic()
@@ -142,6 +157,7 @@ class _Loop:
                 while not self.stop.is_set():
                     version = self._watch_once(version=version)
             except Gone:
+                self.health.restarted(reason="gone")
                 log.info("%s: resourceVersion expired, re-listing", self.target.name)
             except ConsumerFailed:
                 raise
@@ -151,6 +167,7 @@ class _Loop:
                 backoff = min(backoff * 2, BACKOFF_MAX_S)
 
     def _failed(self, *, exc: Exception, backoff: float) -> None:
+        self.health.restarted(reason="error")
         if self.health.failing_since is None:
             self.health.failing_since = time.monotonic()
         self.health.last_error = f"{type(exc).__name__}: {exc}"[:300]

@@ -4,7 +4,12 @@ Started (or nudged) by the watcher with the latest spec. It finds the cache clai
 starts an importer pod next to the volume, runs ImportWorkflow as a child while it
 mirrors progress into the status, records the result (commit, per-file sha256,
 digests, GGUF facts, serving location) and conditions, and then waits. A failed
-import waits for a `retry` signal or a spec change. On deletion it holds the
+import waits for a `retry` signal or a spec change; every attempt stages its bytes in
+the artifact's own staging directory, so a retried download resumes where the last
+attempt stopped. The import tells the cache how much room it found (the cache's
+`InsufficientCapacity`). A `verify` signal re-hashes the Ready artifact on demand
+(a VerifyWorkflow child next to the volume); bytes that no longer match make it
+Failed with ChecksumMismatch until `retry` imports it again. On deletion it holds the
 finalizer while any ModelDeployment still references the artifact; the bytes stay.
 """
 
@@ -12,17 +17,24 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any
+from pathlib import PurePosixPath
+from typing import Any, TypeVar, cast
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    ChildWorkflowError,
+    FailureError,
+)
 
 from workflows.entity import AGAIN, EntityWorkflow, Rest
 from workflows.kube_calls import CLAIM, call_kube, failure_type
 
 with workflow.unsafe.imports_passed_through():
+    from activities.cache import INSUFFICIENT_STORAGE
     from activities.kube import (
         CACHE_MOUNT,
         SOURCE_MOUNT,
@@ -37,17 +49,28 @@ with workflow.unsafe.imports_passed_through():
     )
     from activities.models import HuggingFaceSource, PublishedArtifact, PvcSource
     from activities.progress import ImportProgress, ProgressActivities, ProgressRequest
-    from kama.api import ArtifactCondition, ArtifactPhase, ModelArtifactSpec
+    from kama.api import (
+        ArtifactCondition,
+        ArtifactPhase,
+        ModelArtifactSpec,
+        PVCSourceMode,
+        SecretKeySelector,
+    )
     from kama.cache_layout import blob_dir
     from kama.conditions import ConditionUpdate, rfc3339, updated_status
     from kama.contracts import (
         ARTIFACTS,
         CACHES,
+        CAPACITY_REPORT,
         STATUS_QUERY,
+        VERIFY,
+        CapacityReport,
         EntitySnapshot,
         ObjectRef,
         WorkflowStatus,
+        cache_workflow_id,
         import_workflow_id,
+        importer_task_queue,
         verify_workflow_id,
     )
     from workflows.import_model import ImportInput, ImportResult, ImportWorkflow
@@ -55,6 +78,10 @@ with workflow.unsafe.imports_passed_through():
 
 PROGRESS_EVERY = timedelta(seconds=2)
 DELETE_RECHECK = timedelta(seconds=30)
+CAPACITY_REPORT_PATCH = "cache-capacity-report-1"
+"""The free space an import found goes to the CacheWorkflow as a `capacity report`
+signal (it owns the cache's status), also when the import did not fit, instead of
+being patched into the cache's status by the artifact."""
 
 IMPORT_FAILED = "ImportFailed"  # the reason of a failure that names no type of its own
 FAILURE_CONDITIONS = {
@@ -63,8 +90,11 @@ FAILURE_CONDITIONS = {
     "MissingShard": ArtifactCondition.MISSING_SHARD,
     "InsufficientStorage": ArtifactCondition.INSUFFICIENT_STORAGE,
     "SourceUnavailable": ArtifactCondition.SOURCE_UNAVAILABLE,
-    "StorageUnavailable": ArtifactCondition.INSUFFICIENT_STORAGE,
+    "StorageUnavailable": ArtifactCondition.STORAGE_UNAVAILABLE,
+    "ClaimNotBound": ArtifactCondition.STORAGE_UNAVAILABLE,
 }
+VERIFY_FAILED = "VerifyFailed"  # a requested re-hash could not run (the bytes are not blamed)
+Result = TypeVar("Result")
 
 
 @dataclass
@@ -75,6 +105,8 @@ class ArtifactMemory:
     imported_generation: int | None = None
     failed_generation: int | None = None
     attempt: int = 0
+    verifications: int = 0  # `verify` signals acted on
+    verify_requested: bool = False  # a `verify` signal not acted on yet
 
 
 @dataclass(frozen=True)
@@ -90,6 +122,7 @@ class ArtifactWorkflowStatus(WorkflowStatus):
     phase: str | None = None
     manifest_digest: str | None = None
     attempt: int = 0
+    verifications: int = 0
 
 
 ImportChild = (
@@ -100,9 +133,13 @@ ClaimActivity = Callable[[KubeActivities, CacheRequest], CacheClaim]
 
 
 def in_place_result(verified: VerifyResult) -> ImportResult:
-    """A Direct source's verification, in the shape of an import result."""
+    """A Direct source's verification, in the shape of an import result. Its files are
+    named relative to the artifact's directory (`servingLocation.subPath`), as every
+    artifact's files are, and as its manifest and the serving pod's `/models` see them
+    (a Direct source's files are the children of one directory)."""
     found = verified.artifact
     assert found is not None
+    files = [replace(f, path=PurePosixPath(f.path).name) for f in found.files]
     artifact = PublishedArtifact(
         manifest_digest=found.manifest_digest,
         artifact_digest=found.artifact_digest,
@@ -110,9 +147,26 @@ def in_place_result(verified: VerifyResult) -> ImportResult:
         directory=found.base_path,
         facts=found.facts,
     )
-    return ImportResult(
-        commit="", files=found.files, artifact=artifact, reused=False, in_place=True
-    )
+    return ImportResult(commit="", files=files, artifact=artifact, reused=False, in_place=True)
+
+
+def is_direct(spec: ModelArtifactSpec) -> bool:
+    pvc = spec.source.persistent_volume_claim
+    return pvc is not None and pvc.mode is PVCSourceMode.DIRECT
+
+
+def shortage(error: BaseException) -> tuple[int, int] | None:
+    """(free, needed) bytes of an import that did not fit in its cache, from the
+    `InsufficientStorage` error behind a failed child workflow."""
+    current: BaseException | None = error
+    while current is not None:
+        if isinstance(current, ApplicationError) and current.type == INSUFFICIENT_STORAGE:
+            details = current.details[0] if current.details else None
+            if isinstance(details, dict):
+                return int(details.get("freeBytes", 0)), int(details.get("neededBytes", 0))
+            return None
+        current = getattr(current, "cause", None) or current.__cause__
+    return None
 
 
 @workflow.defn(name="Keep model artifact")
@@ -125,6 +179,16 @@ class ArtifactWorkflow(EntityWorkflow):
         self._memory = ArtifactMemory()
         self._last_error: str | None = None
 
+    @workflow.signal(name=VERIFY)
+    def verify(self) -> None:
+        """Re-hash the Ready artifact now (`temporal workflow signal --name verify
+        --workflow-id artifact/<ns>/<name>/<uid>`): a VerifyWorkflow child re-reads every
+        byte next to the volume. Ignored while nothing is published."""
+        self._memory.verify_requested = True
+
+    def _woken(self, snap: EntitySnapshot) -> bool:
+        return self._memory.verify_requested or super()._woken(snap)
+
     @workflow.query(name=STATUS_QUERY)
     def status(self) -> ArtifactWorkflowStatus:
         found = self._memory.status
@@ -133,6 +197,7 @@ class ArtifactWorkflow(EntityWorkflow):
                 phase=found.get("phase"),
                 manifest_digest=found.get("manifestDigest"),
                 attempt=self._memory.attempt,
+                verifications=self._memory.verifications,
                 last_error=self._last_error,
             )
         )
@@ -150,6 +215,11 @@ class ArtifactWorkflow(EntityWorkflow):
         ):
             await self._import(snap)
             return AGAIN
+        if self._memory.verify_requested:
+            self._memory.verify_requested = False
+            if self._memory.imported_generation is not None:
+                await self._verify(snap)
+                return AGAIN
         self._doing = (
             "ready"
             if self._memory.imported_generation is not None
@@ -180,34 +250,16 @@ class ArtifactWorkflow(EntityWorkflow):
         )
         hf = spec.source.hugging_face
         pvc = spec.source.persistent_volume_claim
-        direct = pvc is not None and str(pvc.mode) == "Direct"
-        self._doing = "finding the claims"
+        direct = is_direct(spec)
         try:
-            if direct:
-                assert pvc is not None
-                claim: CacheClaim = await self._claim(
-                    KubeActivities.source_claim, snap, pvc.claim_name
-                )
-            else:
-                assert spec.cache_ref is not None  # the schema requires it for HF and Copy
-                claim = await self._claim(KubeActivities.cache_claim, snap, spec.cache_ref.name)
-                if pvc is not None:
-                    await self._claim(KubeActivities.source_claim, snap, pvc.claim_name)
+            claim = await self._claims(snap, spec, with_source=True)
         except ActivityError as exc:
             kind, message = failure_type(exc, default=IMPORT_FAILED)
             await self._fail(snap, kind, message, pod=None)
             return
-        queue = f"kama-importer-{operation}"
         token = hf.token_secret_ref if hf is not None else None
-        pod_request = ImporterPod(
-            ref=snap.ref,
-            operation_id=operation,
-            task_queue=queue,
-            cache_claim=None if direct else claim.claim_name,
-            source_claim=pvc.claim_name if pvc is not None else None,
-            token_secret=token.name if token else None,
-            token_key=token.key if token else None,
-        )
+        pod_request = self._importer(snap, spec, operation, claim=claim, token=token)
+        queue = pod_request.task_queue
         self._doing = "starting the importer"
         pod = await call_kube(KubeActivities.ensure_importer_pod, pod_request)
         child_id = import_workflow_id(snap.ref, operation=operation)
@@ -226,6 +278,7 @@ class ArtifactWorkflow(EntityWorkflow):
             importer_task_queue=queue,
             expected_sha256=spec.expected_sha256,
             expected_size=spec.expected_size,
+            staging_id=f"artifact-{snap.ref.uid}",
         )
         origin = hf.repo if hf is not None else f"claim {pvc.claim_name if pvc else ''}"
         self._doing = "importing"
@@ -245,17 +298,15 @@ class ArtifactWorkflow(EntityWorkflow):
         child: ImportChild
         if direct:
             assert import_input.pvc is not None
-            child = await workflow.start_child_workflow(
-                VerifyWorkflow.run,
+            child = await self._start_verify(
+                snap,
+                operation,
                 VerifyInput(
                     importer_task_queue=queue,
                     pvc=import_input.pvc,
                     expected_sha256=spec.expected_sha256,
                     expected_size=spec.expected_size,
                 ),
-                id=verify_workflow_id(snap.ref, operation=operation),
-                task_queue=workflow.info().task_queue,
-                search_attributes=workflow.info().typed_search_attributes,
             )
         else:
             child = await workflow.start_child_workflow(
@@ -266,12 +317,109 @@ class ArtifactWorkflow(EntityWorkflow):
                 search_attributes=workflow.info().typed_search_attributes,
             )
         try:
-            while True:
-                done, _ = await workflow.wait([child], timeout=PROGRESS_EVERY.total_seconds())
-                if done:
-                    break
+            outcome = cast(
+                "ImportResult | VerifyResult",
+                await self._watch(snap, child, pod_request, progress_of=child_id),
+            )
+            result: ImportResult = (
+                outcome if isinstance(outcome, ImportResult) else in_place_result(outcome)
+            )
+        except (ChildWorkflowError, ActivityError, ApplicationError) as exc:
+            if not child.done():  # a call of our own failed for good: stop the import
+                child.cancel()
+            kind, message = failure_type(exc, default=IMPORT_FAILED)
+            await self._fail(snap, kind, message, pod=pod)
+            found = shortage(exc)
+            if found is not None and workflow.patched(CAPACITY_REPORT_PATCH):
+                free, needed = found
+                await self._tell_cache(snap, spec, claim, needed=needed, free=free)
+            return
+        await self._succeed(snap, result, claim, pod)
+        if result.free_bytes is not None and spec.cache_ref is not None:
+            if workflow.patched(CAPACITY_REPORT_PATCH):
+                await self._tell_cache(
+                    snap, spec, claim, needed=result.artifact.total_size, free=result.free_bytes
+                )
+                return
+            cache = ObjectRef(namespace=snap.ref.namespace, name=spec.cache_ref.name, uid="")
+            reported = {
+                "freeBytes": result.free_bytes - result.artifact.total_size,
+                "freeReportedAt": rfc3339(workflow.now()),
+            }
+            await call_kube(
+                KubeActivities.patch_status,
+                StatusPatch(kind_plural=CACHES, ref=cache, status=reported),
+            )
+
+    async def _claims(
+        self, snap: EntitySnapshot, spec: ModelArtifactSpec, *, with_source: bool
+    ) -> CacheClaim:
+        """The claim the artifact is served from (the cache's, or a Direct source's),
+        checking a Copy source's claim too when `with_source`. A missing claim fails
+        the activity (StorageUnavailable)."""
+        pvc = spec.source.persistent_volume_claim
+        self._doing = "finding the claims"
+        if is_direct(spec):
+            assert pvc is not None
+            return await self._claim(KubeActivities.source_claim, snap, pvc.claim_name)
+        assert spec.cache_ref is not None  # the schema requires it for HF and Copy
+        claim = await self._claim(KubeActivities.cache_claim, snap, spec.cache_ref.name)
+        if pvc is not None and with_source:
+            await self._claim(KubeActivities.source_claim, snap, pvc.claim_name)
+        return claim
+
+    def _importer(
+        self,
+        snap: EntitySnapshot,
+        spec: ModelArtifactSpec,
+        operation: str,
+        *,
+        claim: CacheClaim,
+        token: SecretKeySelector | None,
+    ) -> ImporterPod:
+        """The importer pod of one operation: the cache claim mounted (a Direct source
+        has none), the source claim read-only, the token Secret when there is one."""
+        pvc = spec.source.persistent_volume_claim
+        direct = is_direct(spec)
+        return ImporterPod(
+            ref=snap.ref,
+            operation_id=operation,
+            task_queue=importer_task_queue(snap.ref, operation=operation),
+            cache_claim=None if direct else claim.claim_name,
+            source_claim=pvc.claim_name if pvc is not None else None,
+            token_secret=token.name if token else None,
+            token_key=token.key if token else None,
+        )
+
+    async def _start_verify(
+        self, snap: EntitySnapshot, operation: str, request: VerifyInput
+    ) -> workflow.ChildWorkflowHandle[VerifyWorkflow, VerifyResult]:
+        return await workflow.start_child_workflow(
+            VerifyWorkflow.run,
+            request,
+            id=verify_workflow_id(snap.ref, operation=operation),
+            task_queue=workflow.info().task_queue,
+            search_attributes=workflow.info().typed_search_attributes,
+        )
+
+    async def _watch(
+        self,
+        snap: EntitySnapshot,
+        child: workflow.ChildWorkflowHandle[Any, Result],
+        pod_request: ImporterPod,
+        *,
+        progress_of: str | None,
+    ) -> Result:
+        """Wait for a child on the importer's queue, mirroring the download progress of
+        workflow `progress_of` into the status and recreating the importer pod if it
+        was deleted; the child's result."""
+        while True:
+            done, _ = await workflow.wait([child], timeout=PROGRESS_EVERY.total_seconds())
+            if done:
+                return child.result()
+            if progress_of is not None:
                 progress: ImportProgress = await call_kube(
-                    ProgressActivities.import_progress, ProgressRequest(workflow_id=child_id)
+                    ProgressActivities.import_progress, ProgressRequest(workflow_id=progress_of)
                 )
                 if progress.bytes_total:
                     await self._write(
@@ -285,29 +433,125 @@ class ArtifactWorkflow(EntityWorkflow):
                         },
                         conditions=[],
                     )
-                await call_kube(
-                    KubeActivities.ensure_importer_pod, pod_request
-                )  # recreated if it was deleted
-            outcome = child.result()
-            result: ImportResult = (
-                outcome if isinstance(outcome, ImportResult) else in_place_result(outcome)
-            )
-        except (ChildWorkflowError, ActivityError, ApplicationError) as exc:
-            if not child.done():  # a call of our own failed for good: stop the import
-                child.cancel()
-            kind, message = failure_type(exc, default=IMPORT_FAILED)
-            await self._fail(snap, kind, message, pod=pod)
-            return
-        await self._succeed(snap, result, claim, pod)
-        if result.free_bytes is not None and spec.cache_ref is not None:
-            cache = ObjectRef(namespace=snap.ref.namespace, name=spec.cache_ref.name, uid="")
-            free = {
-                "freeBytes": result.free_bytes - result.artifact.total_size,
-                "freeReportedAt": rfc3339(workflow.now()),
-            }
             await call_kube(
-                KubeActivities.patch_status, StatusPatch(kind_plural=CACHES, ref=cache, status=free)
+                KubeActivities.ensure_importer_pod, pod_request
+            )  # recreated if it was deleted
+
+    async def _tell_cache(
+        self,
+        snap: EntitySnapshot,
+        spec: ModelArtifactSpec,
+        claim: CacheClaim,
+        *,
+        needed: int,
+        free: int,
+    ) -> None:
+        """Send the cache's workflow what this import found on the volume (best effort:
+        a cache whose workflow is gone has nobody to tell)."""
+        if spec.cache_ref is None or not claim.owner_uid:
+            return
+        cache = ObjectRef(
+            namespace=snap.ref.namespace,
+            name=spec.cache_ref.name,
+            uid=claim.owner_uid,
+            cluster=snap.ref.cluster,
+        )
+        report = CapacityReport(artifact=snap.ref.name, needed_bytes=needed, free_bytes=free)
+        try:
+            await workflow.get_external_workflow_handle(cache_workflow_id(cache)).signal(
+                CAPACITY_REPORT, report
             )
+        except FailureError as exc:
+            workflow.logger.info("cache %s not told about capacity: %s", cache.name, exc)
+
+    # verify on request --------------------------------------------------------
+
+    async def _verify(self, snap: EntitySnapshot) -> None:
+        """Re-hash the published artifact (a `verify` signal): the cache blob against
+        its manifest, or a Direct source in place against the manifest digest recorded
+        at import. Bytes that differ make the artifact Failed (ChecksumMismatch) until
+        `retry`; a re-hash that cannot run leaves it Ready and says why in an Event."""
+        spec = ModelArtifactSpec.model_validate(snap.spec)
+        self._memory.verifications += 1
+        operation = f"{snap.ref.uid[:8]}-g{snap.generation}-v{self._memory.verifications}"
+        recorded = str(self._memory.status.get("manifestDigest", "")).removeprefix("sha256:")
+        pvc = spec.source.persistent_volume_claim
+        direct = is_direct(spec)
+        try:
+            claim = await self._claims(snap, spec, with_source=False)
+        except ActivityError as exc:
+            await self._verify_failed(snap, exc, pod=None)
+            return
+        pod_request = self._importer(snap, spec, operation, claim=claim, token=None)
+        if not direct:
+            pod_request = replace(pod_request, source_claim=None)
+        self._doing = "verifying on request: starting the importer"
+        pod = await call_kube(KubeActivities.ensure_importer_pod, pod_request)
+        child = await self._start_verify(
+            snap,
+            operation,
+            VerifyInput(
+                importer_task_queue=pod_request.task_queue,
+                pvc=PvcSource(root=SOURCE_MOUNT, path=pvc.path, direct=True)
+                if direct and pvc is not None
+                else None,
+                cache_root="" if direct else CACHE_MOUNT,
+                manifest_digest="" if direct else recorded,
+                expected_sha256=spec.expected_sha256,
+                expected_size=spec.expected_size,
+            ),
+        )
+        self._doing = "verifying on request: re-hashing every file"
+        try:
+            verified = await self._watch(snap, child, pod_request, progress_of=None)
+        except (ChildWorkflowError, ActivityError, ApplicationError) as exc:
+            if not child.done():
+                child.cancel()
+            if failure_type(exc, default=VERIFY_FAILED)[0] != "ChecksumMismatch":
+                await self._verify_failed(snap, exc, pod=pod)
+                return
+            await self._corrupted(snap, failure_type(exc, default=VERIFY_FAILED)[1], pod=pod)
+            return
+        found = verified.artifact
+        if found is not None and found.manifest_digest != recorded:
+            await self._corrupted(
+                snap,
+                f"the files on claim {claim.claim_name} changed since they were verified: "
+                f"manifest digest {found.manifest_digest} != {recorded}",
+                pod=pod,
+            )
+            return
+        message = (
+            f"re-hashed {verified.bytes_checked} bytes on request at {rfc3339(workflow.now())}"
+        )
+        await self._write(
+            snap,
+            phase=ArtifactPhase.READY,
+            extra={},
+            conditions=[(ArtifactCondition.VERIFIED, True, "Rehashed", message)],
+        )
+        await self._record(snap, type="Normal", reason="Verified", message=message)
+        await call_kube(KubeActivities.delete_pod, pod)
+        self._doing = "ready (verified on request)"
+
+    async def _corrupted(self, snap: EntitySnapshot, message: str, *, pod: PodRef) -> None:
+        """A requested re-hash found other bytes: not servable until imported again."""
+        await self._fail(snap, "ChecksumMismatch", message, pod=pod)
+        self._memory.imported_generation = None
+
+    async def _verify_failed(
+        self, snap: EntitySnapshot, error: BaseException, *, pod: PodRef | None
+    ) -> None:
+        kind, message = failure_type(error, default=VERIFY_FAILED)
+        self._last_error = f"verify: {kind}: {message}"
+        await self._record(
+            snap,
+            type="Warning",
+            reason=VERIFY_FAILED,
+            message=f"the requested re-hash did not run ({kind}): {message}",
+        )
+        if pod is not None:
+            await call_kube(KubeActivities.delete_pod, pod)
 
     async def _succeed(
         self, snap: EntitySnapshot, result: ImportResult, claim: CacheClaim, pod: PodRef
@@ -328,6 +572,7 @@ class ArtifactWorkflow(EntityWorkflow):
                 "claimName": claim.claim_name,
                 "subPath": art.directory if result.in_place else str(blob_dir(art.manifest_digest)),
                 "accessModes": claim.access_modes,
+                **({"nodeAffinity": claim.node_affinity} if claim.node_affinity else {}),
             },
             "progress": {"bytesDone": art.total_size, "bytesTotal": art.total_size},
         }
@@ -358,7 +603,7 @@ class ArtifactWorkflow(EntityWorkflow):
                     "ChecksumsMatch",
                     "sha256 of every file matches the source",
                 ),
-                *[(c, False, "Imported", "") for c in FAILURE_CONDITIONS.values()],
+                *[(c, False, "Imported", "") for c in dict.fromkeys(FAILURE_CONDITIONS.values())],
                 (ArtifactCondition.READY, True, "Published", f"published as {digest}"),
             ],
         )
@@ -378,6 +623,8 @@ class ArtifactWorkflow(EntityWorkflow):
             (ArtifactCondition.IMPORTING, False, kind, message),
             (ArtifactCondition.READY, False, kind, message),
         ]
+        if kind == "ChecksumMismatch":
+            conditions.append((ArtifactCondition.VERIFIED, False, kind, message))
         if condition is not None:
             conditions.append((condition, True, kind, message))
         await self._write(snap, phase=ArtifactPhase.FAILED, extra={}, conditions=conditions)

@@ -5,6 +5,13 @@ template becomes a claim Kama creates), reports the bound claim, capacity and
 access modes with `Ready` / `StorageUnavailable`, and on deletion waits until no
 ModelArtifact uses the cache. Only then, and only with `retentionPolicy: Delete`
 and a claim Kama created, the claim is deleted; an existing claim is never touched.
+
+A grown `claimTemplate.size` expands the claim Kama created when its StorageClass
+allows it (`Expand cache claim`; the workflow looks again until the volume has the
+new size). `InsufficientCapacity` says when the cache is short of room: an import
+reported (`capacity report` signal, with the free space it found) that it did not
+fit, or the claim is smaller than the template asks and cannot grow (or is still
+growing). The free space of the last report is in `freeBytes`.
 """
 
 from __future__ import annotations
@@ -22,10 +29,26 @@ from workflows.entity import EntityWorkflow, Rest
 from workflows.kube_calls import CLAIM, CLAIM_RETRY, call_kube, failure_type
 
 with workflow.unsafe.imports_passed_through():
-    from activities.kube import CacheRequest, FinalizerRequest, KubeActivities
+    from activities.kube import (
+        CLAIM_EXPANDING,
+        CLAIM_NOT_EXPANDABLE,
+        CLAIM_SIZED,
+        CacheClaim,
+        CacheRequest,
+        ClaimExpansion,
+        FinalizerRequest,
+        KubeActivities,
+    )
     from kama.api import CacheConditionType
-    from kama.conditions import updated_status
-    from kama.contracts import CACHES, STATUS_QUERY, EntitySnapshot, WorkflowStatus
+    from kama.conditions import ConditionUpdate, rfc3339, updated_status
+    from kama.contracts import (
+        CACHES,
+        CAPACITY_REPORT,
+        STATUS_QUERY,
+        CapacityReport,
+        EntitySnapshot,
+        WorkflowStatus,
+    )
 
 CLAIM_ATTEMPTS = 30  # then StorageUnavailable, and the workflow looks again after RECHECK
 CLAIM_CHECK = CallPolicy(
@@ -33,12 +56,45 @@ CLAIM_CHECK = CallPolicy(
     retry=dataclasses.replace(CLAIM_RETRY, maximum_attempts=CLAIM_ATTEMPTS),
 )
 RECHECK = timedelta(seconds=30)
+EXPANSION_PATCH = "cache-claim-expansion-1"
+"""Each pass also sizes the claim Kama created (`Expand cache claim`) and writes
+InsufficientCapacity."""
+
+
+def capacity_condition(
+    *, expansion: ClaimExpansion | None, report: CapacityReport | None
+) -> ConditionUpdate | None:
+    """InsufficientCapacity from the last import's report and the claim's size: an
+    import that did not fit first (an artifact is failing for it), then a claim
+    smaller than the template asks. None while neither is known."""
+    kind = CacheConditionType.INSUFFICIENT_CAPACITY
+    if report is not None and report.short:
+        return (
+            kind,
+            True,
+            "ImportDoesNotFit",
+            f"ModelArtifact {report.artifact} needs {report.needed_bytes} bytes, the cache "
+            f"had {report.free_bytes} free: grow spec.claimTemplate.size (or the claim), or "
+            "free space, then `retry` the artifact",
+        )
+    if expansion is not None and expansion.state != CLAIM_SIZED:
+        return (kind, True, expansion.state, expansion.message)
+    if report is not None:
+        message = (
+            f"ModelArtifact {report.artifact} fit: {report.needed_bytes} of "
+            f"{report.free_bytes} free bytes"
+        )
+        return (kind, False, "Enough", message)
+    if expansion is not None:
+        return (kind, False, "Enough", expansion.message)
+    return None
 
 
 @dataclass(frozen=True)
 class CacheInput:
     snapshot: EntitySnapshot  # same shape: identity, generation, spec, deleting
     status: dict[str, Any] = field(default_factory=dict)
+    report: CapacityReport | None = None  # the last import's capacity report
 
 
 @dataclass
@@ -57,6 +113,18 @@ class CacheWorkflow(EntityWorkflow):
     def __init__(self) -> None:
         super().__init__()
         self._status: dict[str, Any] = {}
+        self._last_report: CapacityReport | None = None
+        self._reported: dict[str, Any] = {}  # status fields of a report not written yet
+
+    @workflow.signal(name=CAPACITY_REPORT)
+    def capacity_report(self, report: CapacityReport) -> None:
+        """An import found `free_bytes` on the volume and needed `needed_bytes`."""
+        self._last_report = report
+        left = report.free_bytes if report.short else report.free_bytes - report.needed_bytes
+        self._reported = {"freeBytes": left, "freeReportedAt": rfc3339(workflow.now())}
+
+    def _woken(self, snap: EntitySnapshot) -> bool:
+        return bool(self._reported) or super()._woken(snap)
 
     @workflow.query(name=STATUS_QUERY)
     def status(self) -> CacheWorkflowStatus:
@@ -70,32 +138,22 @@ class CacheWorkflow(EntityWorkflow):
     @workflow.run
     async def run(self, request: CacheInput) -> None:
         self._status = dict(request.status)
+        self._last_report = request.report
         await self._keep(request.snapshot)
 
     async def _reconcile(self, snap: EntitySnapshot, *, retry: bool) -> Rest:
-        ready = await self._find_claim(snap)
-        self._doing = "ready" if ready else "waiting for storage"
-        return Rest(timeout=None if ready else RECHECK)
-
-    def _carried_over(self) -> CacheInput:
-        assert self._snapshot is not None
-        return CacheInput(snapshot=self._snapshot, status=self._status)
-
-    async def _find_claim(self, snap: EntitySnapshot) -> bool:
-        self._doing = "finding the claim"
-        try:
-            claim = await CLAIM_CHECK.schedule(
-                KubeActivities.cache_claim,
-                CacheRequest(namespace=snap.ref.namespace, name=snap.ref.name),
-            )
-        except ActivityError as exc:
-            kind, message = failure_type(exc, default="StorageUnavailable")
-            await self._report(snap, reason=kind, message=message)
-            return False
+        reported, self._reported = self._reported, {}
+        claim = await self._find_claim(snap)
+        if claim is None:
+            self._doing = "waiting for storage"
+            return Rest(timeout=RECHECK)
+        expansion = await self._expansion(snap)
+        capacity = capacity_condition(expansion=expansion, report=self._last_report)
         fields = {
             "claimName": claim.claim_name,
             "capacity": claim.capacity,
             "accessModes": claim.access_modes,
+            **reported,
         }
         await self._write(
             snap,
@@ -103,8 +161,44 @@ class CacheWorkflow(EntityWorkflow):
             ready=True,
             reason="ClaimBound",
             message=f"claim {claim.claim_name} is bound ({claim.capacity})",
+            extra=[] if capacity is None else [capacity],
         )
-        return True
+        if expansion is not None and expansion.state == CLAIM_EXPANDING:
+            self._doing = f"ready; {expansion.message}"
+            return Rest(timeout=RECHECK)
+        self._doing = "ready"
+        return Rest()
+
+    def _carried_over(self) -> CacheInput:
+        assert self._snapshot is not None
+        return CacheInput(snapshot=self._snapshot, status=self._status, report=self._last_report)
+
+    async def _find_claim(self, snap: EntitySnapshot) -> CacheClaim | None:
+        """The bound claim, or None (reported as StorageUnavailable)."""
+        self._doing = "finding the claim"
+        try:
+            return await CLAIM_CHECK.schedule(
+                KubeActivities.cache_claim,
+                CacheRequest(namespace=snap.ref.namespace, name=snap.ref.name),
+            )
+        except ActivityError as exc:
+            kind, message = failure_type(exc, default="StorageUnavailable")
+            await self._report(snap, reason=kind, message=message)
+            return None
+
+    async def _expansion(self, snap: EntitySnapshot) -> ClaimExpansion | None:
+        """Size the claim Kama created to the template (None for an existing claim)."""
+        if "claimTemplate" not in snap.spec or not workflow.patched(EXPANSION_PATCH):
+            return None
+        self._doing = "sizing the claim"
+        try:
+            return await CLAIM_CHECK.schedule(
+                KubeActivities.expand_cache_claim,
+                CacheRequest(namespace=snap.ref.namespace, name=snap.ref.name),
+            )
+        except ActivityError as exc:
+            kind, message = failure_type(exc, default="ExpansionFailed")
+            return ClaimExpansion(state=CLAIM_NOT_EXPANDABLE, message=f"{kind}: {message}")
 
     async def _report(self, snap: EntitySnapshot, *, reason: str, message: str) -> None:
         await self._write(snap, {}, ready=False, reason=reason, message=message)
@@ -136,6 +230,7 @@ class CacheWorkflow(EntityWorkflow):
         ready: bool,
         reason: str,
         message: str,
+        extra: list[ConditionUpdate] | None = None,
     ) -> None:
         status = updated_status(
             self._status,
@@ -147,6 +242,7 @@ class CacheWorkflow(EntityWorkflow):
                     reason,
                     "" if ready else message,
                 ),
+                *(extra or []),
             ],
             fields=fields,
             now=workflow.now(),

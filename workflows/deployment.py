@@ -5,9 +5,12 @@ Started and nudged by the watcher with the latest spec; nudged again when its po
 or its artifact change. Each pass: wait for the artifact to be Ready, plan the
 placement (pure, from the artifact's GGUF facts and the nodes), and converge the
 pods onto the resulting template with a RolloutWorkflow child (new pods ready
-before old ones drain; dead pods replaced). Status and conditions say what was
-decided and why; Events mark transitions. On deletion every pod is drained, then
-the finalizer is released; the artifact is left alone.
+before old ones drain; dead pods replaced). A rollout that gives up (pods crash, the
+deadline passes) is tried again after RETRY_FAILED_ROLLOUT, a pause that pod events
+and the watcher's echoes do not cut short (a new spec, the artifact, a wake or `retry`
+do). Status and conditions say what was decided and why, `Ready` summing them up for
+`kubectl wait` and health checks; Events mark transitions. On deletion every pod is
+drained, then the finalizer is released; the artifact is left alone.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ with workflow.unsafe.imports_passed_through():
         ConditionUpdate,
         condition_status,
         rfc3339,
+        set_conditions,
         updated_status,
     )
     from kama.contracts import (
@@ -53,11 +57,15 @@ with workflow.unsafe.imports_passed_through():
         WorkflowStatus,
         rollout_workflow_id,
     )
+    from kama.demand_ledger import DemandLedger, scaling_rule, stale_after
     from kama.deployment_plan import (
+        SCALED_TO_ZERO,
         ArtifactNotUsable,
         decide_deployment,
+        degraded_condition,
         describe_profile,
         headline_reason,
+        ready_condition,
     )
     from kama.durations import parse_duration
     from kama.rollout import ObservedPod
@@ -99,12 +107,26 @@ class DeploymentMemory:
     # "<generation>/<fingerprint>" of a rollout the API server refused (a missing
     # permission): not tried again before a spec change or a `retry` signal
     refused_rollout: str | None = None
+    demand: DemandLedger = field(default_factory=DemandLedger)
+    autoscaled_at_generation: int | None = None  # our scale not yet seen back in the spec
 
 
-# A workflow.patched() marker: histories written before Events went to the
-# background, lastWake rode with the next status write and the rollout started
-# before the status write replay the old command order.
+# workflow.patched() markers; a history written before a change replays its old path.
+# Events in the background, lastWake with the next status write, the rollout started
+# before the status write:
 WAKE_CRITICAL_PATH = "wake-critical-path-1"
+# after a failed rollout, pod events and status echoes no longer cut the pause short:
+PAUSE_AFTER_FAILED_ROLLOUT = "pause-after-failed-rollout-1"
+# a claim one node at a time can mount keeps every replica on one node:
+ONE_NODE_CLAIMS = "one-node-claims-1"
+# a status that differs only by the Ready condition (carried over from code without
+# it) is written:
+READY_ALONE = "ready-condition-1"
+# demand scales between minReplicas and maxReplicas (asked once, at the start of a run):
+AUTOSCALING = "demand-autoscaling-1"
+# the idle scale-down waits while a gateway's latest report, late but not stale, says
+# requests are in flight:
+IDLE_HEEDS_REPORTED_DEMAND = "idle-heeds-reported-demand-1"
 
 
 @dataclass(frozen=True)
@@ -123,6 +145,7 @@ class DeploymentWorkflowStatus(WorkflowStatus):
     replicas: int = 0
     ready_replicas: int = 0
     last_demand: str | None = None
+    demand: int = 0  # requests in flight or queued, over every gateway
 
 
 @workflow.defn(name="Keep model deployment")
@@ -134,22 +157,30 @@ class DeploymentWorkflow(EntityWorkflow):
         super().__init__()
         self._memory = DeploymentMemory()
         self._image = DEFAULT_RUNTIME_IMAGE
-        self._dirty = True
+        self._dirty = True  # something to act on: a new spec, the artifact, a wake
+        self._nudged = False  # something to look at: pod events, the same spec again
+        self._pausing = False  # after a failed rollout: only `_dirty` ends the pause
         self._replan = True
         self._wake = False
+        self._autoscaling = False  # whether this run may scale on demand (a patch)
+        self._demand_changed = False
         # Events, off the critical path
         self._events_sent: list[workflow.ActivityHandle[None]] = []
 
     # signals and queries ------------------------------------------------------
 
     def _took(self, snapshot: EntitySnapshot, *, previous: EntitySnapshot | None) -> None:
-        if previous is None or snapshot.generation != previous.generation:
+        new_spec = previous is None or snapshot.generation != previous.generation
+        if new_spec:
             self._replan = True
-        self._dirty = True
+        if new_spec or previous is None or snapshot.deleting != previous.deleting:
+            self._dirty = True
+        else:  # the watcher saw a status or metadata change (often our own write)
+            self._nudged = True
 
     @workflow.signal(name=PODS_CHANGED)
     def pods_changed(self) -> None:
-        self._dirty = True
+        self._nudged = True
 
     @workflow.signal(name=ARTIFACT_CHANGED)
     def artifact_changed(self) -> None:
@@ -161,7 +192,13 @@ class DeploymentWorkflow(EntityWorkflow):
 
     @workflow.signal(name=DEMAND)
     def demand(self, report: DemandReport) -> None:
-        self._memory.last_demand = workflow.now().isoformat()
+        now = workflow.now()
+        self._memory.last_demand = now.isoformat()
+        busy = [pod for pod, count in report.pods.items() if count > 0]
+        if self._memory.demand.record(
+            gateway=report.gateway, demand=report.demand, busy_pods=busy, now=now
+        ):
+            self._demand_changed = True
 
     @workflow.query(name=STATUS_QUERY)
     def status(self) -> DeploymentWorkflowStatus:
@@ -173,6 +210,7 @@ class DeploymentWorkflow(EntityWorkflow):
                 replicas=found.get("replicas", 0),
                 ready_replicas=found.get("readyReplicas", 0),
                 last_demand=self._memory.last_demand,
+                demand=self._memory.demand.total(),
                 last_error=self._memory.rollout_failure,
             )
         )
@@ -183,38 +221,52 @@ class DeploymentWorkflow(EntityWorkflow):
     async def run(self, request: DeploymentInput) -> None:
         self._memory = request.memory
         self._image = request.runtime_image
+        self._autoscaling = workflow.patched(AUTOSCALING)
         await self._keep(request.snapshot)
 
     async def _reconcile(self, snap: EntitySnapshot, *, retry: bool) -> Rest:
-        self._dirty = False
+        self._dirty = self._nudged = self._pausing = self._demand_changed = False
         spec = ModelDeploymentSpec.model_validate(snap.spec)
         if retry or self._replan or self._memory.template is None:
             self._replan = False
             await self._plan(snap, spec)
         if spec.replicas > self._memory.seen_replicas:
             self._memory.last_demand = workflow.now().isoformat()
+        if spec.replicas != self._memory.seen_replicas and self._autoscaling:
+            self._memory.demand.scaled(now=workflow.now())
         self._memory.seen_replicas = spec.replicas
         if self._wake:
             self._wake = False
             spec = await self._scale_for_wake(snap, spec)
         wait: timedelta | None = RESYNC
+        scale_in: timedelta | None = None
+        if self._autoscaling:
+            spec, scale_in = await self._autoscale(snap, spec)
         template = self._memory.template
         if template is not None:
             rollout = f"{snap.generation}/{template.fingerprint()}"
             result: RolloutResult | None = None
             if retry or self._memory.refused_rollout != rollout:
                 result = await self._converge(snap, spec, template)
-                refused = result is not None and result.permanent
-                self._memory.refused_rollout = rollout if refused else None
-            wait, self._doing = _next_pass(result, refused=self._memory.refused_rollout == rollout)
+                permanent = result is not None and result.permanent
+                self._memory.refused_rollout = rollout if permanent else None
+            refused = self._memory.refused_rollout == rollout
+            wait, self._doing = _next_pass(result, refused=refused)
+            failed = result is not None and not result.converged and not refused
+            self._pausing = failed and workflow.patched(PAUSE_AFTER_FAILED_ROLLOUT)
         idle_in = await self._scale_down_when_idle(snap, spec)
-        if idle_in is not None:
-            wait = idle_in if wait is None else min(wait, idle_in)
+        for due in (idle_in, scale_in):
+            if due is not None:
+                wait = due if wait is None else min(wait, due)
         await self._events_recorded()
         return Rest(timeout=wait)
 
     def _woken(self, snap: EntitySnapshot) -> bool:
-        return self._dirty
+        """Pod events and echoes of the same spec start another pass, except in the
+        pause after a failed rollout (a crashing runtime would be recreated at once);
+        so does a change in demand, which may scale."""
+        nudged = self._nudged or (self._demand_changed and self._autoscaling)
+        return self._dirty or (nudged and not self._pausing)
 
     def _rested(self) -> None:
         self._replan = self._memory.template is None
@@ -267,7 +319,12 @@ class DeploymentWorkflow(EntityWorkflow):
         assert artifact is not None
         try:
             decision = decide_deployment(
-                spec=spec, artifact=artifact, nodes=inputs.nodes, image=self._image
+                spec=spec,
+                artifact=artifact,
+                nodes=inputs.nodes,
+                image=self._image,
+                claim_nodes=inputs.claim_nodes,
+                one_node_claims=workflow.patched(ONE_NODE_CLAIMS),
             )
         except ArtifactNotUsable as exc:
             self._doing = "waiting for a usable artifact"
@@ -295,7 +352,6 @@ class DeploymentWorkflow(EntityWorkflow):
             return
         selected = decision.plan.selected
         assert selected is not None
-        degraded = decision.degraded_reason
         template = decision.template
         if template != self._memory.template:
             self._memory.rollout_failure = None
@@ -316,12 +372,7 @@ class DeploymentWorkflow(EntityWorkflow):
                 artifact_ok,
                 (C.PLACED, True, selected.decision, describe_profile(selected)),
                 (C.FIT_FAILED, False, "Fits", describe_profile(selected)),
-                (
-                    C.DEGRADED,
-                    degraded is not None,
-                    _degraded_reason(mode=str(selected.mode), degraded=degraded),
-                    degraded or "the whole model is on GPU",
-                ),
+                degraded_condition(profile=selected, asked=spec.placement.mode),
             ],
         )
 
@@ -422,7 +473,7 @@ class DeploymentWorkflow(EntityWorkflow):
             reason, _, message = failure.partition(": ")
             runtime = (C.RUNTIME_READY, False, reason, message)
         elif desired == 0:
-            runtime = (C.RUNTIME_READY, False, "ScaledToZero", "no replica is wanted")
+            runtime = (C.RUNTIME_READY, False, SCALED_TO_ZERO, "no replica is wanted")
         elif ready >= desired:
             runtime = (C.RUNTIME_READY, True, "AllReplicasReady", f"{ready}/{desired} ready")
         else:
@@ -487,6 +538,25 @@ class DeploymentWorkflow(EntityWorkflow):
             await self._write(snap, extra={"lastWake": rfc3339(workflow.now())}, conditions=[])
         return spec.model_copy(update={"replicas": wanted})
 
+    async def _autoscale(
+        self, snap: EntitySnapshot, spec: ModelDeploymentSpec
+    ) -> tuple[ModelDeploymentSpec, timedelta | None]:
+        """Scale between minReplicas and maxReplicas on demand (`kama.autoscaling`); the
+        spec to converge to now, and how long until demand may ask again."""
+        now, ledger = workflow.now(), self._memory.demand
+        ledger.expire(stale_after=stale_after(spec), now=now)
+        if self._memory.autoscaled_at_generation == snap.generation:
+            return spec, None  # our last scale is on its way back through the watch
+        decision, due = ledger.decide(rule=scaling_rule(spec), current=spec.replicas, now=now)
+        wait = None if due is None else max(due - now, timedelta(seconds=1))
+        if decision is None or decision.replicas == spec.replicas:
+            return spec, wait
+        await self._set_replicas(snap, decision.replicas, decision.reason)
+        self._memory.autoscaled_at_generation = snap.generation
+        self._memory.seen_replicas = decision.replicas
+        ledger.scaled(now=now)
+        return spec.model_copy(update={"replicas": decision.replicas}), wait
+
     async def _scale_down_when_idle(
         self, snap: EntitySnapshot, spec: ModelDeploymentSpec
     ) -> timedelta | None:
@@ -500,12 +570,26 @@ class DeploymentWorkflow(EntityWorkflow):
         due = self._idle_since() + idle_timeout - workflow.now()
         if due > timedelta(0):
             return due
+        if workflow.patched(IDLE_HEEDS_REPORTED_DEMAND):
+            # a report that is late but not stale still counts: with a short
+            # idleTimeout a report period is half of it, and a gateway relaying a
+            # stream whose generation has ended holds no slot a probe could see
+            ledger, now = self._memory.demand, workflow.now()
+            fresh_for = stale_after(spec)
+            ledger.expire(stale_after=fresh_for, now=now)
+            if ledger.total() > 0:
+                return max(min(fresh_for, idle_timeout), timedelta(seconds=1))
         for pod in await self._pods(snap):
-            if pod.pod_ip and pod.ready:
+            # readiness is not asked: a replica too busy to answer its probe in time
+            # is exactly the one that must not be scaled away under its streams
+            if pod.pod_ip and not pod.deleting:
                 busy = await SLOTS.schedule(
                     LlamaServerActivities.busy_slots, SlotsRequest(pod_ip=pod.pod_ip)
                 )
-                if busy:
+                # a ready replica that did not answer in time (a busy llama-server on
+                # a loaded node) is not known to be idle: look again next round; a
+                # dead one turns unready and no longer holds the model up
+                if busy or (busy is None and pod.ready):
                     self._memory.last_demand = workflow.now().isoformat()
                     return idle_timeout
         await self._set_replicas(
@@ -526,7 +610,10 @@ class DeploymentWorkflow(EntityWorkflow):
             for pod in pods:
                 if not pod.deleting:
                     await start_drain(
-                        namespace=snap.ref.namespace, pod=pod.name, timeout_s=timeout_s
+                        cluster=snap.ref.cluster,
+                        namespace=snap.ref.namespace,
+                        pod=pod.name,
+                        timeout_s=timeout_s,
                     )
             await workflow.sleep(DELETE_POLL)
         await call_kube(
@@ -545,14 +632,21 @@ class DeploymentWorkflow(EntityWorkflow):
         conditions: list[ConditionUpdate],
     ) -> None:
         before = self._memory.status
+        now, generation = workflow.now(), snap.generation
         status = updated_status(
             before,
             conditions,
             fields={**self._memory.status_to_add, **extra},
-            now=workflow.now(),
-            generation=snap.generation,
+            now=now,
+            generation=generation,
+        )
+        found = status["conditions"]
+        status["conditions"] = set_conditions(
+            found, [ready_condition(found)], now=now, generation=generation
         )
         status["reason"] = headline_reason(status["conditions"])
+        if _only_ready_differs(before, status) and not workflow.patched(READY_ALONE):
+            return  # as code from before Ready decided: nothing new to write
         if not await self._write_status(snap, written=before, status=status):
             return
         self._memory.status = status
@@ -605,7 +699,12 @@ def _next_pass(result: RolloutResult | None, *, refused: bool) -> tuple[timedelt
     return RETRY_FAILED_ROLLOUT, "waiting to retry the rollout"
 
 
-def _degraded_reason(*, mode: str, degraded: str | None) -> str:
-    if degraded is None:
-        return "FullGPU"
-    return "CPUPlacement" if mode == "CPU" else "HybridPlacement"
+def _only_ready_differs(before: dict[str, Any], after: dict[str, Any]) -> bool:
+    """Whether `after` differs from `before` by its Ready condition alone, which happens
+    only to a status carried over (continue-as-new) from code that did not write Ready."""
+
+    def apart_from_ready(status: dict[str, Any]) -> dict[str, Any]:
+        others = [c for c in status.get("conditions", []) if c.get("type") != C.READY]
+        return {**status, "conditions": others}
+
+    return before != after and apart_from_ready(before) == apart_from_ready(after)

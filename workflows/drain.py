@@ -1,10 +1,14 @@
 """DrainWorkflow (`drain/<ns>/<pod>`): take one serving pod out of service without
 dropping a request. Mark it draining (routers stop choosing it), give routers a
-moment to see that, wait until llama-server reports no busy slot or the drain
-timeout passes, then delete the pod (its supervisor drains once more on SIGTERM)."""
+moment to see that, wait until llama-server reports no busy slot and no gateway has a
+request in flight there (each gateway that has one says so by the `gateway in flight`
+signal when it sees the pod leave, and again at zero: a request on its way in or
+queued behind llama-server's HTTP threads holds no slot yet) or the drain timeout
+passes, then delete the pod (its supervisor drains once more on SIGTERM)."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -18,6 +22,7 @@ from workflows.status import TaskStatus
 with workflow.unsafe.imports_passed_through():
     from activities.llama_server import LlamaServerActivities, SlotsRequest
     from activities.serving_pods import PodName, ServingPodActivities
+    from kama.contracts import GATEWAY_IN_FLIGHT, DrainReport
 
 ROUTERS_SETTLE = timedelta(seconds=1)
 SLOTS_POLL = timedelta(seconds=1)
@@ -39,10 +44,22 @@ class DrainResult:
     pod: str
     waited_s: float
     busy_at_deletion: int
+    gateway_in_flight_at_deletion: int = 0
 
 
 @workflow.defn(name="Drain serving pod")
 class DrainWorkflow(TaskStatus):
+    def __init__(self) -> None:
+        super().__init__()
+        self._gateways: dict[str, int] = {}  # gateway -> its requests in flight there
+
+    @workflow.signal(name=GATEWAY_IN_FLIGHT)
+    def gateway_in_flight(self, report: DrainReport) -> None:
+        self._gateways[report.gateway] = report.in_flight
+
+    def _gateway_in_flight(self) -> int:
+        return sum(self._gateways.values())
+
     @workflow.run
     async def run(self, request: DrainInput) -> DrainResult:
         pod = PodName(namespace=request.namespace, name=request.pod)
@@ -59,8 +76,20 @@ class DrainWorkflow(TaskStatus):
                     LlamaServerActivities.busy_slots, SlotsRequest(pod_ip=ip)
                 )
                 busy = found or 0
-                if busy == 0 or workflow.now() >= deadline:
+                if workflow.now() >= deadline:
                     break
+                if busy == 0 and self._gateway_in_flight() == 0:
+                    break
+                if busy == 0:  # nothing to poll llama-server for until the gateways say so
+                    self._status.doing = (
+                        f"waiting for {self._gateway_in_flight()} gateway request(s) to {ip}"
+                    )
+                    with contextlib.suppress(TimeoutError):  # the deadline: checked above
+                        await workflow.wait_condition(
+                            lambda: self._gateway_in_flight() == 0,
+                            timeout=max(deadline - workflow.now(), SLOTS_POLL),
+                        )
+                    continue
                 await workflow.sleep(SLOTS_POLL)
         self._status.doing = "deleting the pod"
         await call_kube(ServingPodActivities.delete_pod, pod)
@@ -69,4 +98,5 @@ class DrainWorkflow(TaskStatus):
             pod=request.pod,
             waited_s=(workflow.now() - started).total_seconds(),
             busy_at_deletion=busy,
+            gateway_in_flight_at_deletion=self._gateway_in_flight(),
         )

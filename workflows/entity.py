@@ -33,6 +33,7 @@ from workflows.kube_calls import call_kube, failure_type
 
 with workflow.unsafe.imports_passed_through():
     from activities.kube import EventRequest, KubeActivities, StatusPatch
+    from kama.api.meta import WORKFLOW_ID_FIELD
     from kama.contracts import RETRY, SPEC_CHANGED, EntitySnapshot, WorkflowStatus
 
 HISTORY_LIMIT = 2000
@@ -161,12 +162,15 @@ class EntityWorkflow(ABC):
         self, snap: EntitySnapshot, *, written: Mapping[str, Any], status: dict[str, Any]
     ) -> bool:
         """Patch the resource's status with `status` unless that is what was last
-        `written`; whether it wrote."""
+        `written`; whether it wrote. Every write also names this workflow
+        (`status.workflowID`), so `kubectl get -o wide` leads to it in Temporal; that
+        changes the activity's input only, no command, so recorded histories replay."""
         if status == written:
             return False
+        named = {**status, WORKFLOW_ID_FIELD: workflow.info().workflow_id}
         await call_kube(
             KubeActivities.patch_status,
-            StatusPatch(kind_plural=self.plural, ref=snap.ref, status=status),
+            StatusPatch(kind_plural=self.plural, ref=snap.ref, status=named),
         )
         return True
 

@@ -1,10 +1,16 @@
 """ImportWorkflow: get a model's bytes from its source into the cache, proven.
 
 Resolve the source once (revision → commit, file list, sizes, the source's sha256),
-reuse an already published blob with the same manifest, otherwise check free space,
-download each file on the importer's task queue (next to the cache volume; resumable
-and hashed in one pass), compare every sha256, inspect the GGUF header and publish
-atomically. Bad sources and bad bytes end it with a typed, non-retryable error.
+reuse an already published blob with the same manifest, otherwise make room (remove
+abandoned staging, check free space), download each file on the importer's task
+queue (next to the cache volume; resumable and hashed in one pass), compare every
+sha256 and `spec.expectedSHA256` (the artifact digest), inspect the GGUF header and
+publish atomically. Bad sources and bad bytes end it with a typed, non-retryable
+error.
+
+The partial files live in `.kama/staging/<staging_id>`: the artifact's own staging,
+the same for every attempt, so an import started again after a failure (`retry`)
+resumes the bytes the last attempt left instead of fetching them from zero.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from workflows.importer_calls import CACHE_CALL, RESOLVE, TRANSFER
 
 with workflow.unsafe.imports_passed_through():
-    from activities.cache import CacheActivities
+    from activities.cache import CacheActivities, StagingRequest
     from activities.huggingface import HuggingFaceActivities
     from activities.models import (
         CopyRequest,
@@ -35,8 +41,14 @@ with workflow.unsafe.imports_passed_through():
         SpaceRequest,
     )
     from activities.volume_source import PvcSourceActivities
-    from kama.cache_layout import Manifest, ManifestFile
+    from kama.cache_layout import Manifest, ManifestFile, expected_digest_mismatch
     from kama.contracts import STATUS_QUERY
+
+PREPARE_STAGING_PATCH = "prepare-staging-1"
+"""Room is made with `Prepare cache staging` (stale staging removed, this import's
+partial files counted) instead of `Check free space in cache`."""
+EXPECTED_DIGEST_PATCH = "expected-sha256-shard-sets-1"
+"""`spec.expectedSHA256` is checked against a shard set's artifact digest too."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +60,11 @@ class ImportInput:
     expected_sha256: str | None = None
     expected_size: int | None = None
     pvc: PvcSource | None = None  # instead of `source`: a file on a claim (Copy or Direct)
+    staging_id: str = ""  # the staging directory, kept across attempts; "" = operation_id
+
+    @property
+    def staging(self) -> str:
+        return self.staging_id or self.operation_id
 
 
 @dataclass(frozen=True)
@@ -96,11 +113,7 @@ class ImportWorkflow:
             return reused
 
         self._status.doing = "importing"
-        free_bytes = await CACHE_CALL.schedule(
-            CacheActivities.ensure_space,
-            SpaceRequest(cache_root=request.cache_root, needed_bytes=resolved.total_size),
-            queue=request.importer_task_queue,
-        )
+        free_bytes = await self._make_room(request, resolved)
         downloaded: list[DownloadedFile] = []
         for file in resolved.files:
             result = await self._fetch(request, resolved, file)
@@ -114,6 +127,11 @@ class ImportWorkflow:
             downloaded.append(result)
             self._status.files_done += 1
             self._status.bytes_completed += result.size
+        mismatch = self._expected_digest(request, downloaded)
+        if mismatch is not None:
+            await self._discard(request)
+            self._status.last_error = mismatch
+            raise _mismatch(mismatch)
 
         self._status.doing = "publishing"
         try:
@@ -138,6 +156,40 @@ class ImportWorkflow:
             operation_id=request.operation_id,
             free_bytes=free_bytes,
         )
+
+    async def _make_room(self, request: ImportInput, resolved: ResolvedSource) -> int:
+        """Free bytes before the download; InsufficientStorage when it does not fit."""
+        if workflow.patched(PREPARE_STAGING_PATCH):
+            return await CACHE_CALL.schedule(
+                CacheActivities.prepare_staging,
+                StagingRequest(
+                    cache_root=request.cache_root,
+                    staging_id=request.staging,
+                    needed_bytes=resolved.total_size,
+                ),
+                queue=request.importer_task_queue,
+            )
+        return await CACHE_CALL.schedule(
+            CacheActivities.ensure_space,
+            SpaceRequest(cache_root=request.cache_root, needed_bytes=resolved.total_size),
+            queue=request.importer_task_queue,
+        )
+
+    @staticmethod
+    def _expected_digest(
+        request: ImportInput, files: list[DownloadedFile] | list[ResolvedFile]
+    ) -> str | None:
+        """Why a shard set is not the artifact `spec.expectedSHA256` names (a single
+        file is checked file by file). Files without a sha256 are not compared."""
+        if len(files) < 2 or any(f.sha256 is None for f in files):
+            return None
+        mismatch = expected_digest_mismatch(
+            expected=request.expected_sha256,
+            files=[ManifestFile(path=f.path, size=f.size, sha256=f.sha256 or "") for f in files],
+        )
+        if mismatch is None or not workflow.patched(EXPECTED_DIGEST_PATCH):
+            return None
+        return mismatch
 
     async def _resolve(self, request: ImportInput) -> ResolvedSource:
         if request.pvc is not None:
@@ -164,7 +216,7 @@ class ImportWorkflow:
                     source=request.pvc,
                     file=file,
                     cache_root=request.cache_root,
-                    operation_id=request.operation_id,
+                    operation_id=request.staging,
                 ),
                 queue=request.importer_task_queue,
             )
@@ -176,7 +228,7 @@ class ImportWorkflow:
                 commit=resolved.commit,
                 file=file,
                 cache_root=request.cache_root,
-                operation_id=request.operation_id,
+                operation_id=request.staging,
             ),
             queue=request.importer_task_queue,
         )
@@ -192,6 +244,9 @@ class ImportWorkflow:
                 raise _mismatch(
                     f"source reports sha256 {claimed}, spec.expectedSHA256 is {request.expected_sha256}"
                 )
+        claimed_set = self._expected_digest(request, resolved.files)
+        if claimed_set is not None:
+            raise _mismatch(f"by the source's own sha256s, {claimed_set}")
 
     async def _published_already(
         self, request: ImportInput, resolved: ResolvedSource
@@ -228,7 +283,7 @@ class ImportWorkflow:
             CacheActivities.publish,
             PublishRequest(
                 cache_root=request.cache_root,
-                operation_id=request.operation_id,
+                operation_id=request.staging,
                 files=files,
                 entrypoint=entrypoint,
             ),
@@ -238,6 +293,6 @@ class ImportWorkflow:
     async def _discard(self, request: ImportInput) -> None:
         await CACHE_CALL.schedule(
             CacheActivities.discard_staging,
-            DiscardRequest(cache_root=request.cache_root, operation_id=request.operation_id),
+            DiscardRequest(cache_root=request.cache_root, operation_id=request.staging),
             queue=request.importer_task_queue,
         )

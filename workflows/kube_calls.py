@@ -29,10 +29,13 @@ KUBE = CallPolicy(timeout=KUBE_TIMEOUT, retry=KUBE_RETRY)
 CLAIM_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     maximum_interval=timedelta(seconds=10),
+    maximum_attempts=60,
     non_retryable_error_types=["StorageUnavailable", *PERMANENT_ERROR_TYPES],
 )
 """Finding a cache or source claim: a missing one is reported at once (it will not
-appear by waiting); one not bound yet is waited for."""
+appear by waiting); one not bound yet is waited for, about ten minutes, then reported
+(ClaimNotBound; `retry` or a spec change tries again). A claim whose StorageClass binds
+WaitForFirstConsumer is not waited for: the pod that mounts it binds it."""
 CLAIM = CallPolicy(timeout=KUBE_TIMEOUT, retry=CLAIM_RETRY)
 
 call_kube = KUBE.schedule

@@ -135,6 +135,7 @@ class RolloutWorkflow(TaskStatus):
                 self._next_ordinal = max(self._next_ordinal, ordinal + 1)
             for name in step.drain:
                 await start_drain(
+                    cluster=ref.cluster,
                     namespace=ref.namespace,
                     pod=name,
                     timeout_s=request.template.plan.drain_timeout_s,
@@ -161,13 +162,14 @@ class RolloutWorkflow(TaskStatus):
             await workflow.sleep(ROUND_INTERVAL)
 
 
-async def start_drain(*, namespace: str, pod: str, timeout_s: float) -> None:
-    """Start `drain/<ns>/<pod>` unless it is already running; it outlives the caller."""
+async def start_drain(*, cluster: str, namespace: str, pod: str, timeout_s: float) -> None:
+    """Start `drain/<ns>/<pod>` (of the caller's cluster) unless it is already running;
+    it outlives the caller."""
     with contextlib.suppress(WorkflowAlreadyStartedError):
         await workflow.start_child_workflow(
             DrainWorkflow.run,
             DrainInput(namespace=namespace, pod=pod, timeout_s=timeout_s),
-            id=drain_workflow_id(namespace=namespace, pod=pod),
+            id=drain_workflow_id(cluster=cluster, namespace=namespace, pod=pod),
             task_queue=workflow.info().task_queue,
             parent_close_policy=ParentClosePolicy.ABANDON,
             search_attributes=workflow.info().typed_search_attributes,

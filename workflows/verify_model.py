@@ -1,9 +1,13 @@
 """VerifyWorkflow: prove bytes are what they claim, where they are.
 
 Two uses: a PVC `Direct` source is hashed and inspected in place on its claim (it
-is never copied), and an operator's `verify` signal re-hashes a published blob in
-the cache against its manifest. Both run on the importer's task queue, next to
-the volume, with progress as heartbeats.
+is never copied), and an operator's `verify` signal to the ArtifactWorkflow
+(`temporal workflow signal --name verify --workflow-id artifact/<ns>/<name>/<uid>`)
+starts it as a child to re-hash the artifact: a published blob against its manifest
+(a blob that fails is quarantined), or a Direct source in place again. Both run on
+the importer's task queue, next to the volume, with progress as heartbeats.
+`spec.expectedSHA256` is compared with the artifact digest (the file's sha256, or the
+shard set's digest).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ with workflow.unsafe.imports_passed_through():
         VerifyPublishedRequest,
     )
     from activities.volume_source import PvcSourceActivities
+    from kama.cache_layout import ManifestFile, expected_digest_mismatch
+    from workflows.import_model import EXPECTED_DIGEST_PATCH
 
 
 @dataclass(frozen=True)
@@ -77,15 +83,13 @@ class VerifyWorkflow(TaskStatus):
             InPlaceRequest(source=pvc, files=resolved.files, entrypoint=resolved.entrypoint),
             queue=request.importer_task_queue,
         )
-        if (
-            request.expected_sha256
-            and len(found.files) == 1
-            and found.files[0].sha256 != request.expected_sha256
+        mismatch = expected_digest_mismatch(
+            expected=request.expected_sha256,
+            files=[ManifestFile(path=f.path, size=f.size, sha256=f.sha256) for f in found.files],
+        )
+        if mismatch is not None and (
+            len(found.files) == 1 or workflow.patched(EXPECTED_DIGEST_PATCH)
         ):
-            raise ApplicationError(
-                f"{found.files[0].path}: sha256 {found.files[0].sha256} != spec.expectedSHA256 {request.expected_sha256}",
-                type="ChecksumMismatch",
-                non_retryable=True,
-            )
+            raise ApplicationError(mismatch, type="ChecksumMismatch", non_retryable=True)
         self._status.doing = "verified"
         return VerifyResult(bytes_checked=found.total_size, artifact=found)

@@ -21,6 +21,8 @@ from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
 from kama.api.meta import (
     RELATIVE_PATH_PATTERN,
+    WORKFLOW_ID_FIELD,
+    WORKFLOW_ID_MAX,
     AccessMode,
     CelRule,
     Condition,
@@ -125,6 +127,7 @@ class ArtifactCondition(StrEnum):
     MISSING_SHARD = "MissingShard"
     INSUFFICIENT_STORAGE = "InsufficientStorage"
     SOURCE_UNAVAILABLE = "SourceUnavailable"
+    STORAGE_UNAVAILABLE = "StorageUnavailable"
 
 
 # ----- CEL rules (messages shared with the Python checks) ---------------------------
@@ -527,6 +530,11 @@ class ModelArtifactStatus(KamaModel):
 
     observed_generation: int | None = Field(default=None, ge=0)
     """The metadata.generation this status was computed from."""
+    workflow_id: str | None = Field(
+        default=None, alias=WORKFLOW_ID_FIELD, max_length=WORKFLOW_ID_MAX
+    )
+    """The Temporal workflow that keeps this resource (open it in the Temporal UI, or
+    `temporal workflow describe -w <id>`)."""
     phase: ArtifactPhase | None = None
     """Pending, Resolving, Importing, Verifying, Ready or Failed."""
     resolved_commit: str | None = Field(default=None, max_length=64, pattern=r"^[0-9a-f]{40,64}$")
@@ -553,7 +561,8 @@ class ModelArtifactStatus(KamaModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     """SourceResolved, Importing, Verified, Ready, ChecksumMismatch, InvalidGGUF,
-    MissingShard, InsufficientStorage, SourceUnavailable."""
+    MissingShard, InsufficientStorage (the cache has too little free space),
+    StorageUnavailable (the ModelCache or a claim does not exist), SourceUnavailable."""
 
 
 class ModelArtifact(KamaModel):

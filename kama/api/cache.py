@@ -17,6 +17,8 @@ from pydantic import ConfigDict, Field, model_validator
 
 from kama.api.meta import (
     DNS_SUBDOMAIN_PATTERN,
+    WORKFLOW_ID_FIELD,
+    WORKFLOW_ID_MAX,
     AccessMode,
     CelRule,
     Condition,
@@ -192,6 +194,11 @@ class ModelCacheStatus(KamaModel):
 
     observed_generation: int | None = Field(default=None, ge=0)
     """The metadata.generation this status was computed from."""
+    workflow_id: str | None = Field(
+        default=None, alias=WORKFLOW_ID_FIELD, max_length=WORKFLOW_ID_MAX
+    )
+    """The Temporal workflow that keeps this resource (open it in the Temporal UI, or
+    `temporal workflow describe -w <id>`)."""
     claim_name: str | None = Field(default=None, max_length=253)
     """The PersistentVolumeClaim backing the cache."""
     capacity: str | None = Field(default=None, max_length=64)

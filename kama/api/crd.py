@@ -161,6 +161,13 @@ def _ready_column(kind: str) -> PrinterColumn:
 
 
 _AGE_COLUMN: Final = PrinterColumn(name="Age", type="date", json_path=".metadata.creationTimestamp")
+_WORKFLOW_COLUMN: Final = PrinterColumn(
+    name="Workflow",
+    type="string",
+    json_path=".status.workflowID",
+    description="The Temporal workflow keeping the resource.",
+    priority=1,  # `kubectl get -o wide`
+)
 
 
 class SchemaError(ValueError):
@@ -404,6 +411,7 @@ def all_crds() -> list[dict[str, Any]]:
                     description="First 12 hex characters of the artifact digest.",
                 ),
                 _AGE_COLUMN,
+                _WORKFLOW_COLUMN,
             ],
         ),
         crd_manifest(
@@ -433,6 +441,7 @@ def all_crds() -> list[dict[str, Any]]:
                     description="Free bytes, as last reported by an importer.",
                 ),
                 _AGE_COLUMN,
+                _WORKFLOW_COLUMN,
             ],
         ),
         crd_manifest(
@@ -456,6 +465,18 @@ def all_crds() -> list[dict[str, Any]]:
                     description="CPU, GPU or Hybrid, as placed.",
                 ),
                 PrinterColumn(
+                    name="Desired",
+                    type="integer",
+                    json_path=".spec.replicas",
+                    description="Replicas wanted now (kubectl scale, wake, idle, autoscaling).",
+                ),
+                PrinterColumn(
+                    name="Max",
+                    type="integer",
+                    json_path=".spec.scaling.maxReplicas",
+                    description="The most replicas autoscaling may ask for.",
+                ),
+                PrinterColumn(
                     name="Ready",
                     type="string",
                     json_path=".status.ready",
@@ -468,6 +489,7 @@ def all_crds() -> list[dict[str, Any]]:
                     description="What the deployment is doing or waiting for.",
                 ),
                 _AGE_COLUMN,
+                _WORKFLOW_COLUMN,
             ],
         ),
     ]

@@ -6,6 +6,24 @@ and runs the pods. There is deliberately no way to pass raw llama-server argumen
 environment, image, ports, probes or commands: the schema is closed, so such keys
 are rejected at any level by `kubectl apply`. `spec.replicas` is served through
 the `/scale` subresource for `kubectl scale` and KEDA.
+
+Conditions: `ArtifactReady`, `Placed`, `FitFailed`, `RuntimeReady`, `Serving`,
+`Degraded`, `ScaledToZero`, and `Ready`, the one summary that `kubectl wait
+--for=condition=Ready` and Helm/Flux/Argo health checks read. The rule, first match
+wins:
+
+* `Ready=False` with the reason of the first thing in the way: the artifact is not
+  Ready (`ArtifactReady=False`), no placement fits (`Placed=False`, reason
+  `FitFailed`), the last rollout failed or was refused (`RuntimeReady=False` with its
+  reason, e.g. `RuntimeFailed`, `ProgressDeadlineExceeded`, `Forbidden`), or fewer
+  replicas of the current template are ready than desired (`Starting`).
+* `Ready=True`, reason `AllReplicasReady`: every desired replica is ready.
+* `Ready=True`, reason `ScaledToZero`: zero replicas are desired (by `spec.replicas`
+  or the idle timeout) and the model can wake: its artifact is Ready and a placement
+  fits, so the first request starts a replica. A model at zero on purpose is healthy,
+  not failed.
+
+A CPU or hybrid fallback (`Degraded=True`) is still Ready: it serves, more slowly.
 """
 
 from __future__ import annotations
@@ -19,6 +37,8 @@ from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
 from kama.api.cache import QUANTITY_PATTERN
 from kama.api.meta import (
+    WORKFLOW_ID_FIELD,
+    WORKFLOW_ID_MAX,
     CelRule,
     Condition,
     KamaModel,
@@ -26,6 +46,11 @@ from kama.api.meta import (
     ObjectMeta,
     SpecModel,
     cel,
+)
+from kama.autoscaling import (
+    DEFAULT_SCALE_DOWN_WINDOW,
+    DEFAULT_SCALE_UP_WINDOW,
+    DEFAULT_TARGET_PERCENT,
 )
 from kama.durations import parse_duration
 from kama.memory import FlashAttention, KVCacheType
@@ -197,6 +222,17 @@ DrainTimeout = Annotated[
     _duration_field(field="drainTimeout", longest="24h"),
     AfterValidator(_duration_check(field="drainTimeout", longest="24h")),
 ]
+# autoscaling windows: up within an hour, down within a day
+ScaleUpWindow = Annotated[
+    str,
+    _duration_field(field="scaleUpWindow", longest="1h"),
+    AfterValidator(_duration_check(field="scaleUpWindow", longest="1h")),
+]
+ScaleDownWindow = Annotated[
+    str,
+    _duration_field(field="scaleDownWindow", longest="24h"),
+    AfterValidator(_duration_check(field="scaleDownWindow", longest="24h")),
+]
 
 
 class Scaling(SpecModel):
@@ -208,6 +244,27 @@ class Scaling(SpecModel):
     cold_start_timeout: ColdStartTimeout = "10m"
     max_queued_requests: int = Field(default=100, ge=0, le=100000)
     drain_timeout: DrainTimeout = "2m"
+    target_utilization_percent: int = Field(default=DEFAULT_TARGET_PERCENT, ge=1, le=100)
+    """Share of a replica's slots (`runtime.concurrency`) that demand may keep busy
+    before Kama adds a replica (requests in flight plus queued, over all gateways)."""
+    scale_up_window: ScaleUpWindow = DEFAULT_SCALE_UP_WINDOW
+    """Demand must want more replicas for this long before Kama scales up."""
+    scale_down_window: ScaleDownWindow = DEFAULT_SCALE_DOWN_WINDOW
+    """Demand must want fewer replicas, and no scale have happened, for this long
+    before Kama removes one replica."""
+
+
+class RoutingStrategy(StrEnum):
+    LEAST_LOAD = "LeastLoad"
+    PREFIX_AFFINITY = "PrefixAffinity"
+
+
+class Routing(SpecModel):
+    strategy: RoutingStrategy = RoutingStrategy.LEAST_LOAD
+    """`LeastLoad`: the replica with the least slot pressure. `PrefixAffinity`: requests
+    that start alike (the same first messages or prompt start) go to the same replica,
+    whose llama-server keeps that prefix in a slot's prompt cache, unless that replica
+    is already busier than 1.25x the average (consistent hashing with bounded loads)."""
 
 
 class ModelDeploymentSpec(SpecModel):
@@ -223,6 +280,7 @@ class ModelDeploymentSpec(SpecModel):
     runtime: Runtime = Field(default_factory=Runtime)
     resources: Resources = Field(default_factory=Resources)
     scaling: Scaling = Field(default_factory=Scaling)
+    routing: Routing = Field(default_factory=Routing)
 
 
 class RejectedCandidate(KamaModel):
@@ -249,6 +307,11 @@ class ResolvedProfile(KamaModel):
 
 class ModelDeploymentStatus(KamaModel):
     observed_generation: int | None = Field(default=None, ge=0)
+    workflow_id: str | None = Field(
+        default=None, alias=WORKFLOW_ID_FIELD, max_length=WORKFLOW_ID_MAX
+    )
+    """The Temporal workflow that keeps this resource (open it in the Temporal UI, or
+    `temporal workflow describe -w <id>`)."""
     replicas: int = Field(default=0, ge=0)
     ready_replicas: int = Field(default=0, ge=0)
     selector: str | None = Field(default=None, max_length=1024)
@@ -275,6 +338,9 @@ class DeploymentCondition(StrEnum):
     SERVING = "Serving"
     DEGRADED = "Degraded"
     SCALED_TO_ZERO = "ScaledToZero"
+    READY = "Ready"
+    """The summary for `kubectl wait` and health checks (the rule is in the module
+    docstring)."""
 
 
 class ModelDeployment(KamaModel):

@@ -29,6 +29,7 @@ __all__ = [
     "GROUP",
     "RELATIVE_PATH_PATTERN",
     "VERSION",
+    "WORKFLOW_ID_FIELD",
     "AccessMode",
     "CelRule",
     "Condition",
@@ -48,6 +49,10 @@ GROUP: Final = "kama.dev"
 VERSION: Final = "v1alpha1"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
 FINALIZER: Final = "kama.dev/finalizer"
+WORKFLOW_ID_FIELD: Final = "workflowID"
+"""The status field every Kama resource names its Temporal workflow in (written by
+the workflow itself; `kama status` and the Temporal UI take it as it is)."""
+WORKFLOW_ID_MAX: Final = 1000  # Temporal's default limit on an ID, in bytes
 
 # RFC 1123 subdomain, the rule for most Kubernetes object names.
 DNS_SUBDOMAIN_PATTERN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"

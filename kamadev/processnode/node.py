@@ -207,6 +207,22 @@ class ProcessNode:
             except Exception as exc:
                 log.warning("provisioner pass failed: %s", exc)
 
+    def _volume_node_affinity(self, access_modes: list[str]) -> k8s.V1VolumeNodeAffinity | None:
+        """A volume only one node can mount is a directory on this node, and says so
+        (as rancher's local-path provisioner does), so the scheduler and Kama's planner
+        keep its pods here. A claim for many nodes (ReadWriteMany, ReadOnlyMany) stands
+        for a shared filesystem (NFS) every node, fake GPU nodes included, can mount."""
+        if not set(access_modes) <= {"ReadWriteOnce", "ReadWriteOncePod"}:
+            return None
+        here = k8s.V1NodeSelectorRequirement(
+            key="kubernetes.io/hostname", operator="In", values=[self.config.node_name]
+        )
+        return k8s.V1VolumeNodeAffinity(
+            required=k8s.V1NodeSelector(
+                node_selector_terms=[k8s.V1NodeSelectorTerm(match_expressions=[here])]
+            )
+        )
+
     def _provision_once(self, root: Path) -> None:
         for claim in self.core.list_persistent_volume_claim_for_all_namespaces().items:
             if claim.spec.storage_class_name != self.config.storage_class or claim.spec.volume_name:
@@ -218,13 +234,15 @@ class ProcessNode:
             path.mkdir(parents=True, exist_ok=True)
             path.chmod(0o777)
             size = (claim.spec.resources.requests or {}).get("storage", "1Gi")
+            access_modes = claim.spec.access_modes or ["ReadWriteOnce"]
             pv = k8s.V1PersistentVolume(
                 metadata=k8s.V1ObjectMeta(
                     name=name, annotations={"pv.kubernetes.io/provisioned-by": PROVISIONER}
                 ),
                 spec=k8s.V1PersistentVolumeSpec(
                     capacity={"storage": size},
-                    access_modes=claim.spec.access_modes or ["ReadWriteOnce"],
+                    access_modes=access_modes,
+                    node_affinity=self._volume_node_affinity(access_modes),
                     persistent_volume_reclaim_policy="Delete",
                     storage_class_name=self.config.storage_class,
                     host_path=k8s.V1HostPathVolumeSource(path=str(path), type="Directory"),

@@ -354,11 +354,17 @@ def test_pvc_copy_and_direct_sources(kama_control: KamaControl, namespace: str) 
         cache_dir(control, namespace) / copied["servingLocation"]["subPath"] / "tiny.gguf"
     ).read_bytes() == model.read_bytes()
     direct = wait_condition(control, namespace, "in-place", "Ready")["status"]
-    assert direct["servingLocation"] == {
+    location = direct["servingLocation"]
+    assert {k: location[k] for k in ("claimName", "subPath", "accessModes")} == {
         "claimName": "uploads",
         "subPath": "models",
         "accessModes": ["ReadWriteOnce"],
     }
+    # the local volume's node, from its PersistentVolume: replicas must land there
+    (term,) = location["nodeAffinity"]["required"]["nodeSelectorTerms"]
+    (expression,) = term["matchExpressions"]
+    nodes = kubectl(control.stack, "get", "nodes", "-o", "name").stdout
+    assert expression["key"] == "kubernetes.io/hostname" and expression["values"][0] in nodes
     assert direct["artifactDigest"] == f"sha256:{sha}" and direct["gguf"]["architecture"] == "llama"
     escape = wait_condition(control, namespace, "escape", "SourceUnavailable")
     assert "outside the source claim" in condition(escape, "SourceUnavailable")["message"]  # type: ignore[index]
@@ -482,3 +488,227 @@ def test_artifact_deletion_waits_for_deployments_and_keeps_bytes(
     assert (published / "READY").exists() and (
         published / "tiny.gguf"
     ).stat().st_size == model.stat().st_size
+
+
+# hardening (issue 12, item 13) ----------------------------------------------------------
+
+
+def signal_artifact(control: KamaControl, namespace: str, name: str, signal: str) -> None:
+    """What an operator runs: `temporal workflow signal --name <signal>` on the
+    artifact's entity workflow."""
+    uid = get_json(control.stack, "modelartifact", name, "-n", namespace)["metadata"]["uid"]
+    subprocess.run(
+        [
+            str(control.stack.binaries.temporal),
+            "workflow",
+            "signal",
+            "--address",
+            control.stack.temporal.address,
+            "--workflow-id",
+            f"artifact/{namespace}/{name}/{uid}",
+            "--name",
+            signal,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+
+
+def test_retry_resumes_the_partial_download(
+    kama_control: KamaControl, namespace: str, tmp_path: Path
+) -> None:
+    """A download cut off half way, then refused for good (a revoked token): the
+    artifact fails; the `retry` once it is fixed fetches only the bytes still missing."""
+    control = kama_control
+    repo = f"acme/cut-{uuid.uuid4().hex[:6]}"
+    model = write_model(
+        tmp_path / "cut.gguf", shape=ModelShape(n_layer=4, n_embd=256, n_ff=512, seed=13)
+    )
+    control.hub.add_repo(repo, {"cut.gguf": model})
+    half = model.stat().st_size // 2
+    control.hub.inject(repo, "cut.gguf", Fault(truncate_at=half))
+    control.hub.inject(repo, "cut.gguf", Fault(status=403))
+    apply(control.stack, cache(namespace), hf_artifact(namespace, "cut", repo, ["cut.gguf"]))
+    wait_condition(control, namespace, "cut", "SourceUnavailable")
+    assert staged_bytes(control, namespace) == half, "the partial file is kept for a retry"
+
+    signal_artifact(control, namespace, "cut", "retry")
+    obj = wait_condition(control, namespace, "cut", "Ready")
+    assert obj["status"]["files"][0]["sha256"] == hashlib.sha256(model.read_bytes()).hexdigest()
+    served = sorted(control.hub.served_ranges(repo, "cut.gguf"), key=lambda r: r.start)
+    assert [(r.start, r.end) for r in served] == [(0, half), (half, model.stat().st_size)], (
+        "the retry resumed: no byte fetched twice"
+    )
+    assert staged_bytes(control, namespace) == 0, "published: staging is empty"
+
+
+def cache_condition(
+    control: KamaControl, namespace: str, name: str, kind: str, reason: str, status: str = "True"
+) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        control.worker.check_alive()
+        found = condition(get_json(control.stack, "modelcache", name, "-n", namespace), kind)
+        return found if found and (found["status"], found["reason"]) == (status, reason) else None
+
+    return eventually(check, timeout=READY_TIMEOUT, what=f"cache {name} {kind}={status} ({reason})")
+
+
+def grow(control: KamaControl, namespace: str, name: str, size: str) -> None:
+    patch = json.dumps({"spec": {"claimTemplate": {"size": size}}})
+    kubectl(
+        control.stack, "patch", "modelcache", name, "-n", namespace, "--type=merge", "-p", patch
+    )
+
+
+def claim_request(control: KamaControl, namespace: str, claim: str) -> str:
+    pvc = get_json(control.stack, "pvc", claim, "-n", namespace)
+    return str(pvc["spec"]["resources"]["requests"]["storage"])
+
+
+def test_a_grown_claim_template_expands_the_claim_or_says_why_not(
+    kama_control: KamaControl, namespace: str, tmp_path: Path
+) -> None:
+    control = kama_control
+    apply(control.stack, cache(namespace))  # the stack's default class: no expansion
+    cache_condition(control, namespace, "models", "Ready", "ClaimBound")
+    grow(control, namespace, "models", "3Gi")
+    found = cache_condition(
+        control, namespace, "models", "InsufficientCapacity", "ExpansionNotSupported"
+    )
+    assert "allowVolumeExpansion" in found["message"] and "3Gi" in found["message"]
+    assert claim_request(control, namespace, "kama-cache-models") == "2Gi"
+
+    # a class that allows expansion, and a volume bound to Kama's claim ahead of time
+    storage_class = f"kama-grow-{namespace}"[:63]
+    volume = f"kama-grow-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "volume").mkdir()
+    apply(
+        control.stack,
+        {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {"name": storage_class},
+            "provisioner": "kubernetes.io/no-provisioner",
+            "allowVolumeExpansion": True,
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": volume},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": storage_class,
+                "hostPath": {"path": str(tmp_path / "volume")},
+                "claimRef": {"namespace": namespace, "name": "kama-cache-grow"},
+            },
+        },
+    )
+    try:
+        grown = cache(namespace, "grow")
+        grown["spec"]["claimTemplate"] = {"size": "1Gi", "storageClassName": storage_class}
+        apply(control.stack, grown)
+        cache_condition(control, namespace, "grow", "Ready", "ClaimBound")
+        grow(control, namespace, "grow", "2Gi")
+        found = cache_condition(control, namespace, "grow", "InsufficientCapacity", "Expanding")
+        assert "from 1Gi to 2Gi" in found["message"]
+        assert claim_request(control, namespace, "kama-cache-grow") == "2Gi"
+
+        # what the volume's resizer does once the volume has grown
+        resized = json.dumps({"status": {"capacity": {"storage": "2Gi"}}})
+        kubectl(
+            control.stack,
+            "patch",
+            "pvc",
+            "kama-cache-grow",
+            "-n",
+            namespace,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            resized,
+        )
+        cache_condition(control, namespace, "grow", "InsufficientCapacity", "Enough", "False")
+        status = get_json(control.stack, "modelcache", "grow", "-n", namespace)["status"]
+        assert status["capacity"] == "2Gi"
+    finally:
+        kubectl(control.stack, "delete", "modelcache", "grow", "-n", namespace, "--wait=false")
+        kubectl(control.stack, "delete", "pvc", "kama-cache-grow", "-n", namespace, check=False)
+        kubectl(control.stack, "delete", "pv", volume, "--wait=false", check=False)
+        kubectl(control.stack, "delete", "storageclass", storage_class, check=False)
+
+
+def test_verify_signal_rehashes_and_finds_corrupted_bytes(
+    kama_control: KamaControl, namespace: str, tmp_path: Path
+) -> None:
+    """`temporal workflow signal --name verify` re-hashes a Ready artifact next to the
+    volume; a bit flipped in the cache afterwards makes it ChecksumMismatch, the blob
+    is taken out of the published tree, and `retry` downloads it again."""
+    control = kama_control
+    repo, model, _ = publish_model(control, tmp_path, seed=17)
+    apply(control.stack, cache(namespace), hf_artifact(namespace, "kept", repo, ["tiny.gguf"]))
+    status = wait_condition(control, namespace, "kept", "Ready")["status"]
+    signal_artifact(control, namespace, "kept", "verify")
+    eventually(
+        lambda: (
+            (
+                condition(
+                    get_json(control.stack, "modelartifact", "kept", "-n", namespace), "Verified"
+                )
+                or {}
+            ).get("reason")
+            == "Rehashed"
+        ),
+        timeout=READY_TIMEOUT,
+        what="Verified=True (Rehashed) after the verify signal",
+    )
+    published = cache_dir(control, namespace) / status["servingLocation"]["subPath"]
+    data = bytearray((published / "tiny.gguf").read_bytes())
+    data[-1] ^= 0xFF
+    (published / "tiny.gguf").write_bytes(bytes(data))
+    signal_artifact(control, namespace, "kept", "verify")
+    obj = wait_condition(control, namespace, "kept", "ChecksumMismatch")
+    assert condition(obj, "Ready")["status"] == "False"  # type: ignore[index]
+    assert not published.exists(), "the corrupted blob left the published tree"
+    signal_artifact(control, namespace, "kept", "retry")
+    wait_condition(control, namespace, "kept", "Ready")
+    assert (published / "tiny.gguf").read_bytes() == model.read_bytes()
+    assert len(control.hub.served_ranges(repo, "tiny.gguf")) == 2, "downloaded again"
+
+
+def test_a_cache_on_a_wait_for_first_consumer_class_starts_its_import(
+    kama_control: KamaControl, namespace: str, tmp_path: Path
+) -> None:
+    """A claim of a StorageClass that binds WaitForFirstConsumer (the default class on
+    many clouds) stays Pending until a pod mounts it: Kama must start the importer pod
+    rather than wait for Bound, which would never come (no provisioner serves this
+    class here, so the pod then waits for its volume, Pending, as on a real cluster)."""
+    control = kama_control
+    storage_class = f"wffc-{uuid.uuid4().hex[:6]}"
+    apply(
+        control.stack,
+        {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {"name": storage_class},
+            "provisioner": "example.com/nobody",
+            "volumeBindingMode": "WaitForFirstConsumer",
+        },
+    )
+    pool = cache(namespace)
+    pool["spec"]["claimTemplate"]["storageClassName"] = storage_class
+    repo = f"acme/wffc-{uuid.uuid4().hex[:6]}"
+    model = write_model(tmp_path / "wffc.gguf", shape=ModelShape(seed=61))
+    control.hub.add_repo(repo, {"model.gguf": model})
+    apply(control.stack, pool, hf_artifact(namespace, "wffc", repo, ["model.gguf"]))
+
+    def importer_pods() -> list[dict[str, Any]]:
+        pods: list[dict[str, Any]] = get_json(control.stack, "pods", "-n", namespace)["items"]
+        return [p for p in pods if p["metadata"]["name"].startswith("wffc-import-")]
+
+    eventually(importer_pods, timeout=60, what="an importer pod for the Pending claim")
+    claim = get_json(control.stack, "pvc", "kama-cache-models", "-n", namespace)
+    assert claim["status"]["phase"] == "Pending"
+    kubectl(control.stack, "delete", "storageclass", storage_class)

@@ -21,11 +21,14 @@ namespace, so the chart-installed Kama alone serves these resources.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import itertools
 import json
 import os
 import shutil
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -36,17 +39,15 @@ import httpx
 import pytest
 import yaml
 
-from kamadev.binaries import REPO_ROOT, build_images, ensure_helm
+from kamadev.binaries import REPO_ROOT, build_images
+from kamadev.chart import CHART, RELEASE, helm, local_stack_values
 from kamadev.gguf_factory import ModelShape, write_model
-from kamadev.hub import HubFixture
-from kamadev.processes import free_port
+from kamadev.hub import Fault, HubFixture, sha256_file
 from kamadev.stack import LocalStack
 from tests.integration.test_artifact_plane import cache, condition, hf_artifact
 from tests.support import apply, eventually, get_json, kubectl
 
-CHART = REPO_ROOT / "deploy" / "chart" / "kama"
 RBAC_TABLES = CHART / "rbac-expected"
-RELEASE = "kama"
 COMPONENTS = ("worker", "watcher", "gateway")
 HOST_KAMA_USER = "kama-admin"  # the stack's admin certificate, which host-process Kama uses
 SMALL = {"requests": {"cpu": "10m", "memory": "64Mi"}}
@@ -123,34 +124,21 @@ def test_images_are_reproducible_and_run_as_nonroot(tmp_path: Path) -> None:
 # --- chart ------------------------------------------------------------------------------
 
 
-def helm(stack: LocalStack, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [str(ensure_helm()), *args],
-        capture_output=True,
-        text=True,
-        env=stack.helm_env(),
-        timeout=300,
-        check=False,
-    )
-    if check and result.returncode != 0:
-        raise AssertionError(f"helm {' '.join(args)} failed ({result.returncode}): {result.stderr}")
-    return result
-
-
-@pytest.fixture
-def fenced(stack: LocalStack, namespace: str) -> Iterator[str]:
-    """Host-process Kama (other tests' `kama_control`, on the stack's own Temporal) may
-    not act in `namespace`: its watcher may still start workflows for the resources here
-    once the chart's watcher added the finalizer, but its worker cannot create, label or
-    delete pods or write the resources' status, finalizers or scale. The process node
-    uses the same certificate: it only writes pod status and events, and deletes pods
-    whose deletion has begun. This test itself only creates resources."""
-    name = f"kama-fence-{namespace}"
-    fenced_writes = (
-        "request.resource.group == 'kama.dev' || request.name == 'fence-probe' || "
-        "(request.resource.resource == 'pods' && request.subResource == '' && "
-        "(request.operation != 'DELETE' || !has(oldObject.metadata.deletionTimestamp)))"
-    )
+@contextlib.contextmanager
+def admission_fence(
+    stack: LocalStack,
+    namespace: str,
+    *,
+    name: str,
+    rules: list[dict[str, Any]],
+    refuse: str,
+    message: str,
+) -> Iterator[None]:
+    """A ValidatingAdmissionPolicy in `namespace` that denies the host Kama's
+    certificate (the process node's too) the requests of `rules` for which the CEL
+    `refuse` holds, and a `<name>-probe` configmap it always refuses, so the fence is
+    known to be in force before the block runs and lifted after it."""
+    probe = f"{name}-probe"
     policy = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
@@ -159,18 +147,7 @@ def fenced(stack: LocalStack, namespace: str) -> Iterator[str]:
             "failurePolicy": "Fail",
             "matchConstraints": {
                 "resourceRules": [
-                    {
-                        "apiGroups": ["kama.dev"],
-                        "apiVersions": ["*"],
-                        "operations": ["UPDATE"],
-                        "resources": ["*/*"],
-                    },
-                    {
-                        "apiGroups": [""],
-                        "apiVersions": ["v1"],
-                        "operations": ["CREATE", "UPDATE", "DELETE"],
-                        "resources": ["pods"],
-                    },
+                    *rules,
                     {
                         "apiGroups": [""],
                         "apiVersions": ["v1"],
@@ -183,10 +160,10 @@ def fenced(stack: LocalStack, namespace: str) -> Iterator[str]:
                 {
                     "name": "host-kama",
                     "expression": f"request.userInfo.username == '{HOST_KAMA_USER}' && "
-                    f"({fenced_writes})",
+                    f"(request.name == '{probe}' || ({refuse}))",
                 }
             ],
-            "validations": [{"expression": "false", "message": "fenced off for test_chart"}],
+            "validations": [{"expression": "false", "message": message}],
         },
     }
     binding = {
@@ -203,22 +180,59 @@ def fenced(stack: LocalStack, namespace: str) -> Iterator[str]:
     }
     apply(stack, policy, binding)
 
-    def probe_refused() -> bool:
+    def refused() -> bool:
         return (
             kubectl(
-                stack, "create", "configmap", "fence-probe", "-n", namespace, "--dry-run=server",
+                stack, "create", "configmap", probe, "-n", namespace, "--dry-run=server",
                 check=False,
             ).returncode
             != 0
         )  # fmt: skip
 
-    eventually(probe_refused, timeout=30, what="the admission fence in force")
     try:
-        yield namespace
+        eventually(refused, timeout=30, what=f"{name} in force")
+        yield
     finally:
         kubectl(stack, "delete", "validatingadmissionpolicybinding,validatingadmissionpolicy",
                 name, "--ignore-not-found", check=False)  # fmt: skip
-        eventually(lambda: not probe_refused(), timeout=30, what="the admission fence lifted")
+        eventually(lambda: not refused(), timeout=30, what=f"{name} lifted")
+
+
+@pytest.fixture
+def fenced(stack: LocalStack, namespace: str) -> Iterator[str]:
+    """Host-process Kama (other tests' `kama_control`, on the stack's own Temporal) may
+    not act in `namespace`: its watcher may still start workflows for the resources here
+    once the chart's watcher added the finalizer, but its worker cannot create, label or
+    delete pods or write the resources' status, finalizers or scale. The process node
+    uses the same certificate: it only writes pod status and events, and deletes pods
+    whose deletion has begun. This test itself only creates resources (it changes them
+    as another user, `patch_chat`)."""
+    kama_writes = (
+        "request.resource.group == 'kama.dev' || "
+        "(request.resource.resource == 'pods' && request.subResource == '' && "
+        "(request.operation != 'DELETE' || !has(oldObject.metadata.deletionTimestamp)))"
+    )
+    rules = [
+        {
+            "apiGroups": ["kama.dev"],
+            "apiVersions": ["*"],
+            "operations": ["UPDATE"],
+            "resources": ["*/*"],
+        },
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE", "UPDATE", "DELETE"],
+            "resources": ["pods"],
+        },
+    ]
+    try:
+        with admission_fence(
+            stack, namespace, name=f"kama-fence-{namespace}", rules=rules, refuse=kama_writes,
+            message="fenced off for test_chart",
+        ):  # fmt: skip
+            yield namespace
+    finally:
         release_kama_resources(stack, namespace)
 
 
@@ -245,12 +259,10 @@ def release(crds: LocalStack, fenced: str) -> Iterator[str]:
 
 def values(namespace: str, hub: HubFixture) -> dict[str, Any]:
     component = {"replicas": 0, "resources": SMALL}
+    local = local_stack_values(hub_url=hub.url)
     return {
-        "image": {"registry": "kama.dev"},  # the process node's image map (kamadev/stack.py)
-        "images": {k: {"tag": "dev"} for k in ("kama", "llamaServer", "temporalDev")},
+        **local,
         "watchNamespaces": [namespace],
-        "listenOnPodIP": True,  # pods share the host's network namespace on the process node
-        "huggingFace": {"endpoint": hub.url},
         "temporal": {
             "evaluation": {
                 "enabled": True,
@@ -259,8 +271,7 @@ def values(namespace: str, hub: HubFixture) -> dict[str, Any]:
             }
         },
         "worker": component,
-        # 0.0.0.0:8081 would take the serving pods' supervisor port on this node
-        "watcher": {**component, "healthPort": free_port()},
+        "watcher": {**local["watcher"], **component},
         "gateway": component,
     }
 
@@ -335,6 +346,23 @@ def can_i(
     return result.stdout.strip() == "yes"
 
 
+def chat_through_gateway(stack: LocalStack, namespace: str, content: str) -> None:
+    """A chat request for `chat` through the chart's gateway pod is answered."""
+    gateway_ip = pod_of(stack, namespace, "gateway")["status"]["podIP"]
+    reply = httpx.post(
+        f"http://{gateway_ip}:8000/v1/chat/completions",
+        json={
+            "model": f"{namespace}/chat",
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": 8,
+            "temperature": 0,
+        },
+        timeout=180,
+    )
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["message"]["content"] is not None
+
+
 def md_status(stack: LocalStack, namespace: str, name: str) -> dict[str, Any]:
     obj: dict[str, Any] = get_json(stack, "modeldeployment", name, "-n", namespace)
     return obj
@@ -384,6 +412,7 @@ def test_chart_installs_kama_that_serves_a_model(
     assert not can_i(stack, namespace, "worker", "create", "pods", **outside)
     assert not can_i(stack, namespace, "worker", "get", "secrets", **here)
     assert not can_i(stack, namespace, "gateway", "create", "pods", **here)
+    assert not can_i(stack, namespace, "gateway", "list", "pods", **outside)
     assert not can_i(stack, namespace, "watcher", "get", "secrets", **here)
     assert not can_i(stack, namespace, "watcher", "list", "modelartifacts.kama.dev", **outside)
 
@@ -419,19 +448,7 @@ def test_chart_installs_kama_that_serves_a_model(
         return bool(found and found["status"] == "True")
 
     eventually(scaled_to_zero, timeout=120, what="chat at zero replicas", interval=0.5)
-    gateway_ip = pod_of(stack, namespace, "gateway")["status"]["podIP"]
-    reply = httpx.post(
-        f"http://{gateway_ip}:8000/v1/chat/completions",
-        json={
-            "model": f"{namespace}/chat",
-            "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 8,
-            "temperature": 0,
-        },
-        timeout=180,
-    )
-    assert reply.status_code == 200, reply.text
-    assert reply.json()["choices"][0]["message"]["content"] is not None
+    chat_through_gateway(stack, namespace, "hi")
     chat = md_status(stack, namespace, "chat")
     assert chat["status"].get("lastWake")
     # the workflows ran on the chart's Temporal (evaluation mode), on its worker's queue
@@ -459,13 +476,329 @@ def test_chart_installs_kama_that_serves_a_model(
             f"{[(p['metadata']['name'], p['status'].get('phase'), p['metadata'].get('labels')) for p in pods['items']]}"
         ) from None
 
-    # uninstall: Kama's processes go, the CRDs and every Kama resource stay
-    helm(stack, "uninstall", RELEASE, "-n", namespace, "--wait", "--timeout", "2m")
-    assert helm(stack, "list", "-n", namespace, "-q").stdout.strip() == ""
-    for crd_name in ("modelartifacts", "modelcaches", "modeldeployments"):
-        kubectl(stack, "get", "crd", f"{crd_name}.kama.dev")
-    assert condition(get_json(stack, "modelartifact", "chart-model", "-n", namespace), "Ready")
-    kubectl(stack, "get", "modelcache", "models", "-n", namespace)
-    kubectl(stack, "get", "modeldeployment", "chat", "-n", namespace)
-    assert not get_json(stack, "deployments", "-n", namespace)["items"]
-    print(f"\nchart: installed and upgraded in {installed_s:.1f} s")
+    # `helm upgrade` with a changed worker value while an import and a rollout run
+    started = time.monotonic()
+    big = upgrade_mid_flight(stack, hub, namespace, tmp_path)
+    mid_flight_s = time.monotonic() - started
+    patch_chat(stack, namespace, {"scaling": {"minReplicas": 0}})
+    eventually(back_to_zero, timeout=120, what="chat idle back to zero again", interval=0.5)
+
+    # uninstall: Kama's processes go, the CRDs, every Kama resource and the bytes stay;
+    # a second install adopts them
+    started = time.monotonic()
+    reinstall_adopts(
+        stack, hub, namespace, values_file,
+        models={"chart-model": (repo, "model.gguf", model), "big": (big[0], "big.gguf", big[1])},
+    )  # fmt: skip
+    print(
+        f"\nchart: installed and upgraded in {installed_s:.1f} s; worker rolled mid-flight "
+        f"in {mid_flight_s:.1f} s; uninstalled and reinstalled in "
+        f"{time.monotonic() - started:.1f} s"
+    )
+
+
+# --- an upgrade mid-flight, and a reinstall ----------------------------------------------
+
+
+def patch_chat(stack: LocalStack, namespace: str, spec: dict[str, Any]) -> None:
+    """A user's change to the `chat` deployment's spec. The test's own certificate is
+    the host Kama's, which the fence keeps off Kama resources, so the change is made
+    as another cluster admin (impersonated), as a person would make it."""
+    kubectl(stack, "patch", "modeldeployment", "chat", "-n", namespace, "--type=merge",
+            "-p", json.dumps({"spec": spec}),
+            "--as=test-chart-user", "--as-group=system:masters")  # fmt: skip
+
+
+def cache_path(stack: LocalStack, namespace: str) -> Path:
+    """The host directory of the `models` cache's volume (a hostPath PV on the stack)."""
+    volume = get_json(stack, "pvc", "kama-cache-models", "-n", namespace)["spec"]["volumeName"]
+    return Path(get_json(stack, "pv", volume)["spec"]["hostPath"]["path"])
+
+
+def staged_bytes(stack: LocalStack, namespace: str, uid: str) -> int:
+    """Bytes of the artifact's partial downloads (`.kama/staging/artifact-<uid>`)."""
+    staging = cache_path(stack, namespace) / ".kama" / "staging" / f"artifact-{uid}"
+    return sum(p.stat().st_size for p in staging.rglob("*.gguf")) if staging.exists() else 0
+
+
+def artifact(stack: LocalStack, namespace: str, name: str) -> dict[str, Any]:
+    obj: dict[str, Any] = get_json(stack, "modelartifact", name, "-n", namespace)
+    return obj
+
+
+def is_ready(obj: dict[str, Any]) -> bool:
+    found = condition(obj, "Ready")
+    return bool(found and found["status"] == "True")
+
+
+def serving_pods(stack: LocalStack, namespace: str, name: str) -> list[dict[str, Any]]:
+    pods: list[dict[str, Any]] = get_json(
+        stack, "pods", "-n", namespace, "-l", f"kama.dev/deployment={name}"
+    )["items"]
+    return pods
+
+
+def pod_ready(pod: dict[str, Any]) -> bool:
+    return any(
+        c["type"] == "Ready" and c["status"] == "True"
+        for c in pod.get("status", {}).get("conditions") or []
+    )
+
+
+def fingerprint(pod: dict[str, Any]) -> str:
+    return str(pod["metadata"]["labels"]["kama.dev/fingerprint"])
+
+
+def converged(stack: LocalStack, namespace: str, name: str) -> dict[str, Any] | None:
+    """The deployment when its one replica is ready, of the current template, alone."""
+    obj = md_status(stack, namespace, name)
+    status = obj.get("status", {})
+    pods = serving_pods(stack, namespace, name)
+    ok = (
+        len(pods) == 1
+        and fingerprint(pods[0]) == status.get("fingerprint")
+        and pod_ready(pods[0])
+        and not pods[0]["metadata"].get("deletionTimestamp")
+        and status.get("readyReplicas") == 1
+        and (condition(obj, "Ready") or {}).get("reason") == "AllReplicasReady"
+    )
+    return obj if ok else None
+
+
+def served_exactly_once(hub: HubFixture, repo: str, path: str, size: int) -> None:
+    """Every byte of the file went to Kama once: the ranges the Hub served tile [0, size)
+    without overlap (a resumed download would count only if it refetched nothing)."""
+    served = sorted(hub.served_ranges(repo, path), key=lambda r: (r.start, r.end))
+    tiles = [(r.start, r.end) for r in served]
+    assert tiles and tiles[0][0] == 0 and tiles[-1][1] == size, f"{repo}/{path}: {tiles}"
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(tiles)), (
+        f"{repo}/{path}: bytes served twice or missing: {tiles}"
+    )
+
+
+@contextlib.contextmanager
+def pod_status_fence(
+    stack: LocalStack, namespace: str, deployment: str, keep: str
+) -> Iterator[None]:
+    """Hold `deployment`'s pods of any template but `keep` unready: the API server
+    refuses the process node's status reports for them (as a replica whose model takes
+    long to load), so a rollout stays in flight for as long as the test needs. Lifted
+    on exit; the process node reports again and the pod becomes ready."""
+    held = (
+        "request.subResource == 'status' && has(object.metadata.labels) && "
+        "'kama.dev/deployment' in object.metadata.labels && "
+        f"object.metadata.labels['kama.dev/deployment'] == '{deployment}' && "
+        "'kama.dev/fingerprint' in object.metadata.labels && "
+        f"object.metadata.labels['kama.dev/fingerprint'] != '{keep}'"
+    )
+    rules = [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["UPDATE"],
+            "resources": ["pods/status"],
+        }
+    ]
+    with admission_fence(
+        stack, namespace, name=f"kama-status-fence-{namespace}", rules=rules, refuse=held,
+        message="held unready by test_chart",
+    ):  # fmt: skip
+        yield
+
+
+def upgrade_mid_flight(
+    stack: LocalStack, hub: HubFixture, namespace: str, tmp_path: Path
+) -> tuple[str, Path]:
+    """`helm upgrade --reuse-values` with a changed worker pod annotation replaces the
+    worker pod while an import (the Hub held slow) and a rollout (the new replica held
+    unready) are in flight; both finish afterwards, and the Hub served every byte once.
+    Returns the slow model's repo and file."""
+    # the rollout's starting point: chat at one ready replica
+    patch_chat(stack, namespace, {"scaling": {"minReplicas": 1}})
+    before = eventually(
+        lambda: converged(stack, namespace, "chat"), timeout=180, what="chat at 1/1", interval=0.5
+    )
+    old_fp = before["status"]["fingerprint"]
+
+    # an import the Hub serves at 64 KiB/s until released
+    big_repo = f"acme/chart-big-{uuid.uuid4().hex[:6]}"
+    big_model = write_model(
+        tmp_path / "big.gguf", shape=ModelShape(n_layer=4, n_embd=256, n_ff=512, seed=92)
+    )
+    size = big_model.stat().st_size
+    hub.add_repo(big_repo, {"big.gguf": big_model})
+    throttle = Fault(bytes_per_second=64 * 1024, times=1000)
+    hub.inject(big_repo, "big.gguf", throttle)
+    apply(stack, hf_artifact(namespace, "big", big_repo, ["big.gguf"]))
+    uid = artifact(stack, namespace, "big")["metadata"]["uid"]
+    try:
+        eventually(
+            lambda: staged_bytes(stack, namespace, uid) > 0,
+            timeout=120,
+            what="big's download under way",
+            interval=0.5,
+        )
+        old_worker = pod_of(stack, namespace, "worker")["metadata"]["name"]
+        with pod_status_fence(stack, namespace, "chat", keep=old_fp):
+            # a template change: the rollout creates a replica of the new template
+            patch_chat(stack, namespace, {"runtime": {"contextSize": 1536}})
+            eventually(
+                lambda: [p for p in serving_pods(stack, namespace, "chat")
+                         if fingerprint(p) != old_fp],
+                timeout=60, what="the rollout's new replica", interval=0.5,
+            )  # fmt: skip
+            mark = uuid.uuid4().hex[:8]
+            helm(stack, "upgrade", RELEASE, str(CHART), "-n", namespace, "--reuse-values",
+                 "--set-string", f"worker.podAnnotations.rolled={mark}",
+                 "--wait", "--timeout", "3m")  # fmt: skip
+
+            def old_worker_gone() -> bool:
+                names = kubectl(
+                    stack, "get", "pods", "-n", namespace, "-o", "name",
+                    "-l", "app.kubernetes.io/component=worker",
+                ).stdout.split()  # fmt: skip
+                return f"pod/{old_worker}" not in names
+
+            eventually(old_worker_gone, timeout=120, what="the old worker pod gone", interval=0.5)
+            worker = pod_of(stack, namespace, "worker")
+            assert worker["metadata"]["name"] != old_worker
+            assert worker["metadata"]["annotations"]["rolled"] == mark
+            # both were still in flight when the old worker left
+            assert not is_ready(artifact(stack, namespace, "big"))
+            assert 0 < staged_bytes(stack, namespace, uid) < size
+            pods = serving_pods(stack, namespace, "chat")
+            assert old_fp in {fingerprint(p) for p in pods}, "the old replica still serves"
+            assert not any(pod_ready(p) for p in pods if fingerprint(p) != old_fp)
+    finally:
+        throttle.bytes_per_second = None  # the rest at full speed
+    rolled = eventually(
+        lambda: converged(stack, namespace, "chat"),
+        timeout=180,
+        what="the rollout finished on the new worker",
+        interval=0.5,
+    )
+    assert rolled["status"]["fingerprint"] != old_fp
+    args = serving_pods(stack, namespace, "chat")[0]["metadata"]["annotations"]
+    assert "--ctx-size 1536" in args["kama.dev/llama-server-args"]
+    big = eventually(
+        lambda: (lambda obj: obj if is_ready(obj) else None)(artifact(stack, namespace, "big")),
+        timeout=180,
+        what="big Ready",
+        interval=0.5,
+    )
+    assert big["status"]["files"] == [
+        {"path": "big.gguf", "size": size, "sha256": sha256_file(big_model)}
+    ]
+    served_exactly_once(hub, big_repo, "big.gguf", size)
+    return big_repo, big_model
+
+
+def workflow_execution(stack: LocalStack, address: str, workflow_id: str) -> tuple[str, str]:
+    """(run ID, status) of the workflow's latest run on the Temporal at `address`."""
+    described = subprocess.run(
+        [str(stack.binaries.temporal), "workflow", "describe", "--address", address,
+         "--workflow-id", workflow_id, "--output", "json"],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert described.returncode == 0, f"{workflow_id}: {described.stderr}"
+    info = json.loads(described.stdout)
+    execution = info.get("workflowExecutionInfo") or info.get("executionInfo") or {}
+    return str(execution["execution"]["runId"]), str(execution["status"])
+
+
+def reinstall_adopts(
+    stack: LocalStack,
+    hub: HubFixture,
+    namespace: str,
+    values_file: Path,
+    *,
+    models: dict[str, tuple[str, str, Path]],
+) -> None:
+    """`helm uninstall` leaves the CRDs, every Kama resource, the artifacts Ready and
+    their bytes; `helm install` of the same release adopts them: the same workflows keep
+    them, nothing is downloaded again, and the deployment serves again (from zero)."""
+    resources = [("modelcache", "models"), ("modeldeployment", "chat")] + [
+        ("modelartifact", name) for name in models
+    ]
+    temporal = f"{pod_of(stack, namespace, 'temporal')['status']['podIP']}:7233"
+    workflow_ids = {
+        ref: get_json(stack, ref[0], ref[1], "-n", namespace)["status"]["workflowID"]
+        for ref in resources
+    }
+    runs = {ref: workflow_execution(stack, temporal, wid) for ref, wid in workflow_ids.items()}
+    assert all(status.endswith("RUNNING") for _, status in runs.values()), runs
+    repos = {repo for repo, _, _ in models.values()}
+    hub_calls = [r for r in hub.log.requests if any(repo in r[1] for repo in repos)]
+
+    # the artifacts stay Ready from here to the end, whoever runs Kama
+    seen: list[tuple[str, str]] = []
+    stop = threading.Event()
+
+    def watch_ready() -> None:
+        while not stop.wait(1.0):
+            for name in models:
+                found = condition(artifact(stack, namespace, name), "Ready") or {}
+                seen.append((name, str(found.get("status"))))
+
+    watcher = threading.Thread(target=watch_ready, daemon=True)
+    watcher.start()
+    try:
+        helm(stack, "uninstall", RELEASE, "-n", namespace, "--wait", "--timeout", "2m")
+        assert helm(stack, "list", "-n", namespace, "-q").stdout.strip() == ""
+        for crd_name in ("modelartifacts", "modelcaches", "modeldeployments"):
+            kubectl(stack, "get", "crd", f"{crd_name}.kama.dev")
+        for kind, name in resources:
+            kubectl(stack, "get", kind, name, "-n", namespace)
+        assert not get_json(stack, "deployments", "-n", namespace)["items"]
+
+        def kama_pods_gone() -> bool:
+            # the Deployments went with `--wait`; their pods end gracefully after (the
+            # gateway's preStop and drain), deleted by the garbage collector
+            pods = get_json(stack, "pods", "-n", namespace, "-l", "app.kubernetes.io/name=kama")
+            return not pods["items"]
+
+        eventually(kama_pods_gone, timeout=120, what="Kama's pods gone after uninstall")
+        root = cache_path(stack, namespace)
+        for name, (_, _, model) in models.items():
+            status = artifact(stack, namespace, name)["status"]
+            published = root / status["servingLocation"]["subPath"]
+            assert (published / "READY").exists(), f"{name}: bytes gone with the release"
+            (entry,) = status["files"]
+            assert sha256_file(published / entry["path"]) == entry["sha256"] == sha256_file(model)
+
+        # the same release again, the same two steps as the first install
+        helm(stack, "install", RELEASE, str(CHART), "-n", namespace, "-f", str(values_file),
+             "--wait", "--timeout", "3m")  # fmt: skip
+        temporal = f"{pod_of(stack, namespace, 'temporal')['status']['podIP']}:7233"
+        helm(stack, "upgrade", RELEASE, str(CHART), "-n", namespace, "--reuse-values",
+             "--set", f"temporal.address={temporal}",
+             "--set", "worker.replicas=1", "--set", "watcher.replicas=1",
+             "--set", "gateway.replicas=1", "--wait", "--timeout", "3m")  # fmt: skip
+        assert condition(md_status(stack, namespace, "chat"), "ScaledToZero")
+        chat_through_gateway(stack, namespace, "hi again")
+    finally:
+        stop.set()
+        watcher.join(timeout=30)
+    assert seen and all(status == "True" for _, status in seen), (
+        f"an artifact left Ready: {[s for s in seen if s[1] != 'True'][:5]}"
+    )
+
+    # the same workflows: IDs from the resources' uids, running on the reinstalled Kama's
+    # Temporal; the artifacts' entity workflows continue the very same runs
+    for ref, wid in workflow_ids.items():
+        assert get_json(stack, ref[0], ref[1], "-n", namespace)["status"]["workflowID"] == wid
+        run_id, status = workflow_execution(stack, temporal, wid)
+        assert status.endswith("RUNNING"), f"{wid}: {status}"
+        if ref[0] == "modelartifact":
+            assert run_id == runs[ref][0], f"{wid}: a new run {run_id}, was {runs[ref][0]}"
+    # nothing fetched from the Hub again, not even metadata
+    assert [r for r in hub.log.requests if any(repo in r[1] for repo in repos)] == hub_calls
+    for repo, path, model in models.values():
+        served_exactly_once(hub, repo, path, model.stat().st_size)
+
+    def idle() -> bool:
+        return md_status(stack, namespace, "chat")["spec"].get("replicas") == 0 and not (
+            serving_pods(stack, namespace, "chat")
+        )
+
+    eventually(idle, timeout=120, what="chat idle back to zero after the reinstall", interval=0.5)

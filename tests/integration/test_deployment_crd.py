@@ -112,7 +112,7 @@ def test_scale_subresource_and_columns(crds: LocalStack, namespace: str) -> None
         obj["spec"]["scaling"]["minReplicas"] == 0
         and obj["spec"]["scaling"]["idleTimeout"] == "10m"
     )
-    header = (
-        kubectl(crds, "get", "modeldeployments", "-n", namespace).stdout.splitlines()[0].split()
-    )
-    assert header == ["NAME", "MODEL", "MODE", "READY", "REASON", "AGE"]
+    header, row = kubectl(crds, "get", "modeldeployments", "-n", namespace).stdout.splitlines()
+    assert header.split() == ["NAME", "MODEL", "MODE", "DESIRED", "MAX", "READY", "REASON", "AGE"]
+    # desired replicas against the autoscaler's cap (columns without status stay blank)
+    assert row[header.index("DESIRED") : header.index("READY")].split() == ["2", "3"], row

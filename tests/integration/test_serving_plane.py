@@ -1,8 +1,10 @@
 """The serving plane on the local stack: a ModelDeployment becomes placed, ready
-llama-server pods (real scheduler, real runtime supervisor, real llama-server),
-follows `kubectl scale`, rolls out a spec change without failing a request,
-replaces a killed server, binds GPU replicas where the planner said, reports a
-FitFailed with numbers, and drains its pods on deletion while the artifact stays."""
+llama-server pods (real scheduler, real runtime supervisor, real llama-server) that
+stay on the node of its artifact's local volume, says `Ready` (so `kubectl wait
+--for=condition=Ready` works), follows `kubectl scale`, rolls out a spec change without
+failing a request, replaces a killed server, binds GPU replicas where the planner
+said, reports a FitFailed with numbers, and drains its pods on deletion while the
+artifact stays."""
 
 from __future__ import annotations
 
@@ -43,15 +45,45 @@ def deployment(namespace: str, name: str, artifact: str, **spec: Any) -> dict[st
 
 
 def ready_artifact(
-    control: KamaControl, namespace: str, tmp_path: Path, *, name: str, seed: int, n_ctx: int = 4096
+    control: KamaControl,
+    namespace: str,
+    tmp_path: Path,
+    *,
+    name: str,
+    seed: int,
+    n_ctx: int = 4096,
+    shared: bool = False,
 ) -> dict[str, Any]:
+    """An imported artifact, in the namespace's cache `models` (a ReadWriteOnce claim:
+    the stack's local volume on the process node) or, `shared`, in a cache `shared`
+    (ReadWriteMany: a volume every node, fake ones included, can mount)."""
     repo = f"acme/serve-{uuid.uuid4().hex[:6]}"
     model = write_model(
         tmp_path / f"{name}.gguf", shape=ModelShape(n_layer=2, n_head_kv=2, n_ctx=n_ctx, seed=seed)
     )
     control.hub.add_repo(repo, {"model.gguf": model})
-    apply(control.stack, cache(namespace), hf_artifact(namespace, name, repo, ["model.gguf"]))
+    pool, artifact = cache(namespace), hf_artifact(namespace, name, repo, ["model.gguf"])
+    if shared:
+        pool["metadata"]["name"] = artifact["spec"]["cacheRef"]["name"] = "shared"
+        pool["spec"]["claimTemplate"]["accessModes"] = ["ReadWriteMany"]
+    apply(control.stack, pool, artifact)
     return wait_condition(control, namespace, name, "Ready")
+
+
+def pinned_node(pod: dict[str, Any]) -> list[str] | None:
+    """The node names a serving pod's required node affinity allows, if it names any."""
+    affinity = pod["spec"].get("affinity", {}).get("nodeAffinity", {})
+    terms = affinity.get("requiredDuringSchedulingIgnoredDuringExecution", {})
+    for term in terms.get("nodeSelectorTerms", []):
+        for field in term.get("matchFields", []):
+            if field["key"] == "metadata.name":
+                return list(field["values"])
+    return None
+
+
+def assert_ready(obj: dict[str, Any], status: str, reason: str) -> None:
+    ready = condition(obj, "Ready") or {}
+    assert (ready.get("status"), ready.get("reason")) == (status, reason), ready
 
 
 def md(control: KamaControl, namespace: str, name: str) -> dict[str, Any]:
@@ -161,6 +193,16 @@ def test_cpu_deployment_serves_scales_rolls_out_and_drains(
         ),
     )
     obj = wait_ready(control, namespace, "chat", 1)
+    assert_ready(obj, "True", "AllReplicasReady")
+    kubectl(
+        control.stack,
+        "wait",
+        "--for=condition=Ready",
+        "modeldeployment/chat",
+        "-n",
+        namespace,
+        "--timeout=30s",
+    )
     status = obj["status"]
     assert status["profile"]["mode"] == "CPU" and status["profile"]["estimatedRamBytes"] > 0
     assert status["artifactDigest"] == artifact["status"]["manifestDigest"]
@@ -169,10 +211,16 @@ def test_cpu_deployment_serves_scales_rolls_out_and_drains(
     assert degraded and degraded["status"] == "True" and "CPU" in degraded["message"]
     table = kubectl(control.stack, "get", "modeldeployments", "-n", namespace).stdout
     row = next(line.split() for line in table.splitlines() if line.startswith("chat"))
-    assert row[1:5] == ["tiny", "CPU", "1/1", "AllReplicasReady"], table
+    assert row[1:7] == ["tiny", "CPU", "1", "3", "1/1", "AllReplicasReady"], table
 
     (pod,) = serving_pods(control, namespace, "chat")
     spec = pod["spec"]
+    # the cache is a local ReadWriteOnce volume: the artifact names its node, and the
+    # replica is pinned there
+    location = artifact["status"]["servingLocation"]
+    (term,) = location["nodeAffinity"]["required"]["nodeSelectorTerms"]
+    assert term["matchExpressions"][0]["values"] == [spec["nodeName"]]
+    assert pinned_node(pod) == [spec["nodeName"]] == [status["profile"]["node"]]
     container = spec["containers"][0]
     assert spec["automountServiceAccountToken"] is False
     assert spec["securityContext"]["runAsNonRoot"] is True
@@ -189,6 +237,9 @@ def test_cpu_deployment_serves_scales_rolls_out_and_drains(
     # kubectl scale → two ready pods
     kubectl(control.stack, "scale", "modeldeployment", "chat", "-n", namespace, "--replicas=2")
     wait_ready(control, namespace, "chat", 2)
+    two = serving_pods(control, namespace, "chat")
+    assert {p["spec"]["nodeName"] for p in two} == {spec["nodeName"]}, "one node for the claim"
+    assert all(pinned_node(p) == [spec["nodeName"]] for p in two)
     old_fingerprint = md(control, namespace, "chat")["status"]["fingerprint"]
 
     # a spec change rolls out while a client keeps sending requests to routable pods
@@ -343,6 +394,7 @@ def test_unready_artifact_and_fit_failure_create_no_pods(
     found = condition(orphan, "ArtifactReady")
     assert found is not None
     assert "missing" in found["message"]
+    assert_ready(orphan, "False", "ArtifactNotReady")
 
     ready_artifact(control, namespace, tmp_path, name="small", seed=63)
     apply(
@@ -362,6 +414,7 @@ def test_unready_artifact_and_fit_failure_create_no_pods(
     )
 
     obj = wait_md_condition(control, namespace, "huge", "FitFailed")
+    assert_ready(obj, "False", "FitFailed")
     message = condition(obj, "FitFailed")["message"]  # type: ignore[index]
     assert "GiB" in message or "TiB" in message
     rejected = obj["status"]["rejectedCandidates"]
@@ -382,8 +435,9 @@ def test_gpu_deployment_is_bound_where_the_planner_chose(
         name=f"gpu-l4-{uuid.uuid4().hex[:4]}", gpus=1, product="NVIDIA-L4", memory_mib=23034
     )
     big = GPUNode(name=f"gpu-h100-{uuid.uuid4().hex[:4]}", gpus=4)
-    # imported first: an untainted fake node could otherwise get the importer pod
-    ready_artifact(control, namespace, tmp_path, name="gpu-model", seed=64)
+    # imported first: an untainted fake node could otherwise get the importer pod; into
+    # a cache every node can mount (a local volume would keep the replica off the GPUs)
+    ready_artifact(control, namespace, tmp_path, name="gpu-model", seed=64, shared=True)
     control.stack.add_gpu_node(small)
     control.stack.add_gpu_node(big)
     try:
@@ -416,6 +470,7 @@ def test_gpu_deployment_is_bound_where_the_planner_chose(
             "requiredDuringSchedulingIgnoredDuringExecution"
         ]
         assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == [big.product]
+        assert pinned_node(pod) is None, "a claim many nodes can mount pins no node"
         args = pod["metadata"]["annotations"]["kama.dev/llama-server-args"]
         assert f"--n-gpu-layers {profile['gpuLayers']}" in args and profile["gpuLayers"] == 3
         assert f"--ctx-size {24 << 22} --parallel 24" in args and "--split-mode none" in args

@@ -131,6 +131,7 @@ def fixed_state(
         Waker(
             client=RecordingTemporal(),  # type: ignore[arg-type]
             task_queue="q",
+            cluster="",
             metrics=metrics,
             registry=registry,
             http=httpx.AsyncClient(),

@@ -80,6 +80,7 @@ def test_constants() -> None:
         "MissingShard",
         "InsufficientStorage",
         "SourceUnavailable",
+        "StorageUnavailable",
     ]
     assert [c.value for c in CacheConditionType] == [
         "Ready",

@@ -107,6 +107,7 @@ def test_crds_are_the_generated_ones_kept_on_uninstall(helm: tuple[Path, dict[st
         (("--set", "images.kama.digest=sha256:nothex"), "does not match pattern"),
         (("--set", "gateway.port=0"), "minimum"),
         (("--set", "image.pullPolicy=Sometimes"), "value must be one of"),
+        (("--set", "clusterName=prod:eu"), "does not match pattern"),
     ],
 )
 def test_schema_fails_a_typo_at_install(
@@ -204,11 +205,16 @@ def test_rbac_is_least_privilege_in_both_modes(helm: tuple[Path, dict[str, str]]
         assert verbs_on(rules["gateway"], "modeldeployments") == {"list", "watch"}
         assert not verbs_on(rules["gateway"], "modelartifacts")
     assert {scope for c in cluster.values() for scope, _ in c} == {"cluster"}
-    # namespaced: Roles in the served namespace; cluster-wide only the worker's Nodes and
-    # the gateway's read of deployments and pods (it lists all namespaces today)
+    # namespaced: Roles in the served namespace; cluster-wide only the worker's reads of
+    # cluster-scoped objects (Nodes, PersistentVolumes, StorageClasses)
+    cluster_scoped = (["nodes"], ["persistentvolumes"], ["storageclasses"])
     assert {s for s, _ in namespaced["watcher"]} == {"team-a"}
-    assert {s for s, r in namespaced["worker"] if r["resources"] != ["nodes"]} == {"team-a"}
-    assert {s for s, _ in namespaced["gateway"]} == {"cluster"}
+    assert {s for s, _ in namespaced["gateway"]} == {"team-a"}
+    worker = namespaced["worker"]
+    assert {s for s, r in worker if r["resources"] not in cluster_scoped} == {"team-a"}
+    assert {s for s, r in worker if r["resources"] in cluster_scoped} == {"cluster"}
+    for resource in ("persistentvolumes", "storageclasses"):
+        assert verbs_on(worker, resource) == {"get"}
 
 
 def test_namespaced_mode_sets_the_watch_namespace(helm: tuple[Path, dict[str, str]]) -> None:
@@ -274,3 +280,64 @@ def test_optional_monitors_and_network_policies(helm: tuple[Path, dict[str, str]
     assert ("team-a", "kama-serving-pods") in policies
     assert ("kama-system", "kama-gateway") in policies
     assert of_kind(docs, "ServiceMonitor") and of_kind(docs, "PodMonitor")
+
+
+def test_worker_and_watcher_expose_metrics_and_monitors_scrape_them(
+    helm: tuple[Path, dict[str, str]],
+) -> None:
+    docs = render(
+        helm, *EVAL, "--set", "logFormat=json", "--set", "networkPolicy.enabled=true",
+        "--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.podMonitor.enabled=true",
+    )  # fmt: skip
+    for component in ("worker", "watcher"):
+        pod = named(docs, "Deployment", f"kama-{component}")["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        env = env_of(container)
+        assert env["KAMA_METRICS_PORT"] == "9090" and env["KAMA_TEMPORAL_METRICS_PORT"] == "9091"
+        assert env["KAMA_LOG_FORMAT"] == "json"
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert ports["metrics"] == 9090 and ports["sdk-metrics"] == 9091
+        monitor = named(docs, "PodMonitor", f"kama-{component}")
+        assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == [
+            "metrics",
+            "sdk-metrics",
+        ]
+        assert monitor["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == (
+            component
+        )
+        service = named(docs, "Service", f"kama-{component}-metrics")
+        assert {p["targetPort"] for p in service["spec"]["ports"]} == {"metrics", "sdk-metrics"}
+        assert named(docs, "ServiceMonitor", f"kama-{component}")["spec"]["endpoints"]
+        policy = named(docs, "NetworkPolicy", f"kama-{component}")
+        allowed = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
+        assert {"metrics", "sdk-metrics"} <= allowed
+    gateway = named(docs, "Deployment", "kama-gateway")["spec"]["template"]["spec"]
+    assert env_of(gateway["containers"][0])["KAMA_LOG_FORMAT"] == "json"
+
+
+def test_metrics_ports_can_be_turned_off(helm: tuple[Path, dict[str, str]]) -> None:
+    docs = render(
+        helm, *EVAL, "--set", "worker.metricsPort=0", "--set", "worker.temporalMetricsPort=0",
+        "--set", "metrics.podMonitor.enabled=true", "--set", "networkPolicy.enabled=true",
+    )  # fmt: skip
+    worker = named(docs, "Deployment", "kama-worker")["spec"]["template"]["spec"]
+    assert "ports" not in worker["containers"][0]
+    assert env_of(worker["containers"][0])["KAMA_METRICS_PORT"] == "0"
+    assert not [d for d in of_kind(docs, "PodMonitor") if d["metadata"]["name"] == "kama-worker"]
+    assert named(docs, "NetworkPolicy", "kama-worker")["spec"]["ingress"] == []
+    assert "logFormat" in refused(helm, *EVAL, "--set", "logFormat=yaml")
+
+
+def test_the_cluster_name_reaches_every_process_and_importer_credentials_the_worker(
+    helm: tuple[Path, dict[str, str]],
+) -> None:
+    docs = render(
+        helm, *EVAL, "--set", "clusterName=prod-eu", "--set", "temporal.importerSecretName=kama-t"
+    )
+    for name in ("kama-worker", "kama-watcher", "kama-gateway"):
+        container = named(docs, "Deployment", name)["spec"]["template"]["spec"]["containers"][0]
+        assert env_of(container)["KAMA_CLUSTER"] == "prod-eu"
+    worker = named(docs, "Deployment", "kama-worker")["spec"]["template"]["spec"]["containers"][0]
+    assert env_of(worker)["KAMA_IMPORTER_TEMPORAL_SECRET"] == "kama-t"
+    unnamed = named(render(helm, *EVAL), "Deployment", "kama-worker")
+    assert env_of(unnamed["spec"]["template"]["spec"]["containers"][0])["KAMA_CLUSTER"] == ""

@@ -126,12 +126,14 @@ def test_printer_columns() -> None:
 
     ready = ("READY", "string", '.status.conditions[?(@.type=="Ready")].status')
     age = ("AGE", "date", ".metadata.creationTimestamp")
+    workflow = ("WORKFLOW", "string", ".status.workflowID")  # -o wide: kubectl → Temporal
     assert columns("ModelArtifact") == [
         ready,
         ("PHASE", "string", ".status.phase"),
         ("SIZE", "integer", ".status.totalSize"),
         ("DIGEST", "string", ".status.shortDigest"),
         age,
+        workflow,
     ]
     assert columns("ModelCache") == [
         ready,
@@ -139,6 +141,7 @@ def test_printer_columns() -> None:
         ("CAPACITY", "string", ".status.capacity"),
         ("FREE", "integer", ".status.freeBytes"),
         age,
+        workflow,
     ]
     # Every column points at a field the schema has.
     for kind in KINDS:

@@ -150,6 +150,7 @@ def waker_and_model(**scaling: Any) -> tuple[Waker, RecordingTemporal, ModelRegi
     waker = Waker(
         client=temporal,  # type: ignore[arg-type]
         task_queue="q",
+        cluster="",
         metrics=GatewayMetrics(),
         registry=registry,
         http=httpx.AsyncClient(),

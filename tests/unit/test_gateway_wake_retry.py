@@ -42,6 +42,7 @@ async def test_the_wake_is_retried_until_temporal_answers(monkeypatch: Any) -> N
     waker = Waker(
         client=temporal,  # type: ignore[arg-type]
         task_queue="q",
+        cluster="",
         metrics=GatewayMetrics(),
         registry=registry,
         http=httpx.AsyncClient(),
@@ -69,6 +70,7 @@ async def test_no_retry_once_nothing_is_held(monkeypatch: Any) -> None:
     waker = Waker(
         client=temporal,  # type: ignore[arg-type]
         task_queue="q",
+        cluster="",
         metrics=GatewayMetrics(),
         registry=registry,
         http=httpx.AsyncClient(),

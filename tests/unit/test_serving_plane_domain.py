@@ -1,5 +1,6 @@
 """Pure serving-plane decisions: the rollout policy, serving pod manifests and
-fingerprints, the deployment decision from artifact status and Node objects, and
+fingerprints, the deployment decision from artifact status and Node objects (where
+the artifact's claim can be mounted included), the Degraded and Ready conditions, and
 durations."""
 
 from __future__ import annotations
@@ -16,14 +17,19 @@ from kama.api.deployment import ModelDeploymentSpec
 from kama.deployment_plan import (
     ArtifactNotUsable,
     decide_deployment,
+    degraded_condition,
     headline_reason,
     model_facts,
+    mounted_by_one_node,
+    nodes_holding_claim,
     nodes_that_mount,
+    ready_condition,
     runtime_envelope,
 )
 from kama.durations import parse_duration
 from kama.gguf import inspect_file
 from kama.memory import estimate_memory
+from kama.planner import PlacementMode
 from kama.rollout import ObservedPod, plan_rollout
 from kama.serving_plan import ServingPlan
 from kama.serving_pod import ServingTemplate, serving_pod_manifest
@@ -119,6 +125,36 @@ def test_fingerprint_follows_the_template() -> None:
     assert template().fingerprint() != template(cpu_request="1").fingerprint()
     changed_plan = dataclasses.replace(template().plan, concurrency=3)
     assert template().fingerprint() != template(plan=changed_plan).fingerprint()
+
+
+def test_fingerprint_without_a_pinned_node_is_the_one_running_pods_carry() -> None:
+    """`node` came later: unset, it leaves the fingerprint as the code before it made
+    it (running pods are not rolled, histories replay)."""
+    assert template().fingerprint() == "51a08fb1c7"
+    assert template(node="a").fingerprint() != template().fingerprint()
+
+
+def test_a_pinned_template_keeps_its_pods_on_its_node() -> None:
+    spec = serving_pod_manifest(
+        template=template(node="node-a", gpus=1, gpu_product="NVIDIA-L4"),
+        namespace="ns",
+        deployment="chat",
+        deployment_uid="u1",
+        ordinal=0,
+    )["spec"]
+    (term,) = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term == {
+        "matchExpressions": [
+            {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-L4"]}
+        ],
+        "matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}],
+    }
+    unpinned = serving_pod_manifest(
+        template=template(), namespace="ns", deployment="chat", deployment_uid="u1", ordinal=0
+    )
+    assert "affinity" not in unpinned["spec"]
 
 
 def test_serving_pod_manifest_is_hardened_and_named_by_fingerprint() -> None:
@@ -313,3 +349,148 @@ def test_parse_duration(text: str, seconds: float) -> None:
 def test_parse_duration_rejects(text: str) -> None:
     with pytest.raises(ValueError, match="not a duration"):
         parse_duration(text)
+
+
+def hostname_term(*names: str) -> dict[str, Any]:
+    return {
+        "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": names}]
+    }
+
+
+def test_node_affinity_terms_by_label_by_name_and_empty() -> None:
+    nodes = [node("a", memory="8Gi"), node("b", memory="8Gi")]
+    by_name = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a"]}]}
+
+    def allowed(*terms: dict[str, Any]) -> frozenset[str] | None:
+        affinity = {"required": {"nodeSelectorTerms": list(terms)}}
+        return nodes_that_mount(affinity=affinity, nodes=nodes)
+
+    assert allowed(by_name) == frozenset({"a"})
+    assert allowed(by_name, hostname_term("b")) == frozenset({"a", "b"}), "terms are ORed"
+    assert allowed({}) == frozenset(), "an empty term matches no node"
+
+
+@pytest.mark.parametrize(
+    ("modes", "one"),
+    [
+        (["ReadWriteOnce"], True),
+        (["ReadWriteOncePod"], True),
+        (["ReadWriteOnce", "ReadOnlyMany"], False),
+        (["ReadWriteMany"], False),
+        ([], False),
+    ],
+)
+def test_mounted_by_one_node(modes: list[str], one: bool) -> None:
+    assert mounted_by_one_node(modes) is one
+
+
+def test_nodes_holding_claim_are_those_of_pods_that_mount_it() -> None:
+    def claim_pod(node: str | None, claim: str, phase: str = "Running") -> dict[str, Any]:
+        volumes = [{"name": "model", "persistentVolumeClaim": {"claimName": claim}}]
+        spec: dict[str, Any] = {"volumes": volumes, **({"nodeName": node} if node else {})}
+        return {"spec": spec, "status": {"phase": phase}}
+
+    pods = [
+        claim_pod("n2", "cache"),
+        claim_pod("n1", "cache", "Pending"),
+        claim_pod(None, "cache", "Pending"),  # not scheduled: mounts nothing yet
+        claim_pod("n3", "cache", "Failed"),
+        claim_pod("n4", "other"),
+        claim_pod("n2", "cache"),
+    ]
+    assert nodes_holding_claim(pods=pods, claim="cache") == ["n1", "n2"]
+
+
+def test_a_claim_one_node_mounts_keeps_every_replica_on_one_node(generated: Path) -> None:
+    spec = ModelDeploymentSpec.model_validate({"modelRef": {"name": "m"}})
+    nodes = [node("a", memory="64Gi"), node("b", memory="8Gi")]
+
+    def decide(modes: list[str], **kw: Any) -> tuple[str | None, str | None]:
+        status = artifact_status(generated, accessModes=modes, **kw.pop("location", {}))
+        decision = decide_deployment(spec=spec, artifact=status, nodes=nodes, image="i", **kw)
+        if decision.template is None:
+            return None, None
+        assert decision.profile is not None
+        return decision.profile["node"], decision.template.node
+
+    rwo = ["ReadWriteOnce"]
+    assert decide(rwo) == ("a", "a"), "the planner's node, pinned"
+    assert decide(rwo, claim_nodes=["b"]) == ("b", "b"), "where the claim is mounted already"
+    assert decide(rwo, claim_nodes=["b"], one_node_claims=False) == ("a", None), "as before"
+    assert decide(["ReadOnlyMany"], claim_nodes=["b"]) == ("a", None), "many nodes may mount"
+    local_a = {"nodeAffinity": {"required": {"nodeSelectorTerms": [hostname_term("a")]}}}
+    assert decide(rwo, location=local_a) == ("a", "a")
+    assert decide(rwo, location=local_a, claim_nodes=["b"]) == (None, None), "cannot mount"
+
+
+def test_degraded_only_for_a_fallback_from_what_was_asked(generated: Path) -> None:
+    def profile_for(mode: str, *nodes_: dict[str, Any]) -> Any:
+        spec = ModelDeploymentSpec.model_validate(
+            {"modelRef": {"name": "m"}, "placement": {"mode": mode}}
+        )
+        plan = decide_deployment(
+            spec=spec, artifact=artifact_status(generated), nodes=list(nodes_), image="i"
+        ).plan
+        assert plan.selected is not None
+        return plan.selected
+
+    cpu_node = node("a", memory="8Gi")
+    gpu_node = node("g", memory="64Gi", gpus=1, product="NVIDIA-L4", gpu_mib=23034)
+    asked = degraded_condition(profile=profile_for("CPU", cpu_node), asked=PlacementMode.CPU)
+    assert asked[1:3] == (False, "AsRequested")
+    assert "placement.mode CPU" in asked[3] and "CPU" in asked[3] and "GPU" not in asked[3]
+    fallback = degraded_condition(profile=profile_for("Auto", cpu_node), asked=PlacementMode.AUTO)
+    assert fallback[1:3] == (True, "CPUPlacement") and "CPU only" in fallback[3]
+    gpu = degraded_condition(profile=profile_for("Auto", gpu_node), asked=PlacementMode.AUTO)
+    assert gpu[1:] == (False, "FullGPU", "the whole model is on GPU")
+
+
+def cond(kind: str, status: str, reason: str, message: str = "m") -> dict[str, Any]:
+    return {"type": kind, "status": status, "reason": reason, "message": message}
+
+
+PLACED = cond("Placed", "True", "Estimated")
+ARTIFACT = cond("ArtifactReady", "True", "Ready")
+
+
+@pytest.mark.parametrize(
+    ("conditions", "ready"),
+    [
+        ([], (False, "ArtifactNotReady")),
+        ([cond("ArtifactReady", "False", "ArtifactNotReady", "gone")], (False, "ArtifactNotReady")),
+        ([ARTIFACT, cond("Placed", "False", "FitFailed")], (False, "FitFailed")),
+        ([ARTIFACT, PLACED], (False, "Starting")),
+        ([ARTIFACT, PLACED, cond("RuntimeReady", "False", "Starting")], (False, "Starting")),
+        (
+            [ARTIFACT, PLACED, cond("RuntimeReady", "False", "RuntimeFailed")],
+            (False, "RuntimeFailed"),
+        ),
+        ([ARTIFACT, PLACED, cond("RuntimeReady", "False", "Forbidden")], (False, "Forbidden")),
+        (
+            [ARTIFACT, PLACED, cond("RuntimeReady", "True", "AllReplicasReady")],
+            (True, "AllReplicasReady"),
+        ),
+        ([ARTIFACT, PLACED, cond("RuntimeReady", "False", "ScaledToZero")], (True, "ScaledToZero")),
+        # at zero, but it could not wake: the placement no longer fits
+        (
+            [
+                ARTIFACT,
+                cond("Placed", "False", "FitFailed"),
+                cond("RuntimeReady", "False", "ScaledToZero"),
+            ],
+            (False, "FitFailed"),
+        ),
+        # serving, but its artifact is gone: not Ready
+        (
+            [
+                cond("ArtifactReady", "False", "ArtifactNotReady"),
+                PLACED,
+                cond("RuntimeReady", "True", "AllReplicasReady"),
+            ],
+            (False, "ArtifactNotReady"),
+        ),
+    ],
+)
+def test_ready_condition_rule(conditions: list[dict[str, Any]], ready: tuple[bool, str]) -> None:
+    kind, status, reason, message = ready_condition(conditions)
+    assert (kind, status, reason) == ("Ready", *ready) and message

@@ -212,10 +212,19 @@ class FakeCluster:
     client: Client
     pod_fate: str = STARTS_READY
     artifact_status: dict[str, Any] | None = field(default_factory=ready_artifact_status)
+    nodes: list[dict[str, Any]] = field(default_factory=lambda: list(NODES))
+    # the `spec.nodeAffinity` of the volumes bound to the claims (a local volume's node)
+    claim_node_affinity: dict[str, Any] | None = None
+    source_access_modes: list[str] = field(default_factory=lambda: ["ReadOnlyMany"])
     busy_slots: deque[int] = field(default_factory=deque)  # answers of /slots, then 0
     artifact_users: deque[list[str]] = field(default_factory=deque)  # answers, then []
     cache_users: deque[list[str]] = field(default_factory=deque)  # answers, then []
     importer: FakeImporter | None = None
+    cache_uid: str = ""  # the ModelCache's uid `Find cache claim` reports, when set
+    claim_failures: deque[ApplicationError] = field(default_factory=deque)  # next finds
+    claim_expansion: dict[str, str] = field(
+        default_factory=lambda: {"state": "Sized", "message": "claim has 10Gi"}
+    )  # what `Expand cache claim` answers (a ClaimExpansion as JSON)
     calls: list[Call] = field(default_factory=list)
     statuses: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     pods: dict[str, FakePod] = field(default_factory=dict)
@@ -245,6 +254,7 @@ class FakeCluster:
             self.patch_status,
             self.record_event,
             self.cache_claim,
+            self.expand_cache_claim,
             self.source_claim,
             self.ensure_importer_pod,
             self.delete_importer_pod,
@@ -289,17 +299,40 @@ class FakeCluster:
     @activity.defn(name="Find cache claim")
     async def cache_claim(self, request: CacheRequest) -> CacheClaim:
         self._record("Find cache claim", request)
+        if self.claim_failures:
+            raise self.claim_failures.popleft()
         return CacheClaim(
             claim_name=f"kama-cache-{request.name}",
             access_modes=["ReadWriteOnce"],
             capacity="10Gi",
             created_by_kama=True,
+            **self._local_volume(),
+            **self._owner(),
         )
+
+    def _owner(self) -> dict[str, Any]:
+        """The cache's uid, only when set (older trees' CacheClaim has no such field)."""
+        return {"owner_uid": self.cache_uid} if self.cache_uid else {}
+
+    @activity.defn(name="Expand cache claim")
+    async def expand_cache_claim(self, request: CacheRequest) -> dict[str, str]:
+        self._record("Expand cache claim", request)
+        return dict(self.claim_expansion)
 
     @activity.defn(name="Find source claim")
     async def source_claim(self, request: CacheRequest) -> CacheClaim:
         self._record("Find source claim", request)
-        return CacheClaim(claim_name=request.name, access_modes=["ReadOnlyMany"], capacity="5Gi")
+        return CacheClaim(
+            claim_name=request.name,
+            access_modes=list(self.source_access_modes),
+            capacity="5Gi",
+            **self._local_volume(),
+        )
+
+    def _local_volume(self) -> dict[str, Any]:
+        """The claim's node affinity, only when set: older trees' CacheClaim has no
+        such field (`record_prepatch_history.py`)."""
+        return {"node_affinity": self.claim_node_affinity} if self.claim_node_affinity else {}
 
     @activity.defn(name="Start importer pod")
     async def ensure_importer_pod(self, request: ImporterPod) -> PodRef:
@@ -351,7 +384,7 @@ class FakeCluster:
     @activity.defn(name="Read artifact and nodes")
     async def read_inputs(self, request: InputsRequest) -> DeploymentInputs:
         self._record("Read artifact and nodes", request)
-        return DeploymentInputs(artifact_status=self.artifact_status, nodes=NODES)
+        return DeploymentInputs(artifact_status=self.artifact_status, nodes=self.nodes)
 
     @activity.defn(name="List serving pods")
     async def list_pods(self, request: PodsRequest) -> list[ObservedPod]:
@@ -440,6 +473,14 @@ class FakeImporter:
     by the next resolutions, as the real activity raises them."""
 
     resolve_failures: deque[ApplicationError] = field(default_factory=deque)
+    files: list[ResolvedFile] = field(
+        default_factory=lambda: [
+            ResolvedFile(path=MODEL_FILE, size=MODEL_SIZE, sha256=MODEL_SHA256)
+        ]
+    )  # what the source resolves to
+    free_bytes: int = 10 << 30  # free space of the cache volume
+    download_failures: deque[ApplicationError] = field(default_factory=deque)  # next downloads
+    verify_failures: deque[ApplicationError] = field(default_factory=deque)  # next re-hashes
     calls: list[Call] = field(default_factory=list)
 
     def _record(self, name: str, argument: Any) -> None:
@@ -453,6 +494,7 @@ class FakeImporter:
             self.resolve_source,
             self.download_file,
             self.ensure_space,
+            self.prepare_staging,
             self.lookup,
             self.publish,
             self.discard_staging,
@@ -466,11 +508,7 @@ class FakeImporter:
         self._record(name, argument)
         if self.resolve_failures:
             raise self.resolve_failures.popleft()
-        return ResolvedSource(
-            commit=COMMIT,
-            files=[ResolvedFile(path=MODEL_FILE, size=MODEL_SIZE, sha256=MODEL_SHA256)],
-            entrypoint=MODEL_FILE,
-        )
+        return ResolvedSource(commit=COMMIT, files=list(self.files), entrypoint=self.files[0].path)
 
     @activity.defn(name="Resolve Hugging Face source")
     async def resolve_source(self, source: HuggingFaceSource) -> ResolvedSource:
@@ -484,7 +522,13 @@ class FakeImporter:
     @activity.defn(name="Download file into cache staging")
     async def download_file(self, request: DownloadRequest) -> DownloadedFile:
         self._record("Download file into cache staging", request)
-        return DownloadedFile(path=request.file.path, size=request.file.size, sha256=MODEL_SHA256)
+        if self.download_failures:
+            raise self.download_failures.popleft()
+        return DownloadedFile(
+            path=request.file.path,
+            size=request.file.size,
+            sha256=request.file.sha256 or MODEL_SHA256,
+        )
 
     @activity.defn(name="Copy file into cache staging")
     async def copy_file(self, request: CopyRequest) -> DownloadedFile:
@@ -494,7 +538,21 @@ class FakeImporter:
     @activity.defn(name="Check free space in cache")
     async def ensure_space(self, request: SpaceRequest) -> int:
         self._record("Check free space in cache", request)
-        return 10 << 30
+        return self.free_bytes
+
+    @activity.defn(name="Prepare cache staging")
+    async def prepare_staging(self, request: dict[str, Any]) -> int:
+        """The real one removes stale staging and counts this import's partial files
+        (`activities.cache.StagingRequest`, as JSON here)."""
+        self._record("Prepare cache staging", request)
+        if self.free_bytes < request["needed_bytes"]:
+            raise ApplicationError(
+                f"cache has {self.free_bytes} bytes free, the import needs {request['needed_bytes']}",
+                {"freeBytes": self.free_bytes, "neededBytes": request["needed_bytes"]},
+                type="InsufficientStorage",
+                non_retryable=True,
+            )
+        return self.free_bytes
 
     @activity.defn(name="Find published artifact")
     async def lookup(self, request: LookupRequest) -> bool:
@@ -519,6 +577,8 @@ class FakeImporter:
     @activity.defn(name="Re-hash published artifact")
     async def verify_published(self, request: VerifyPublishedRequest) -> int:
         self._record("Re-hash published artifact", request)
+        if self.verify_failures:
+            raise self.verify_failures.popleft()
         return MODEL_SIZE
 
     @activity.defn(name="Verify files in place")
@@ -531,6 +591,6 @@ class FakeImporter:
             manifest_digest=MANIFEST_DIGEST,
             artifact_digest=ARTIFACT_DIGEST,
             total_size=sum(f.size for f in request.files),
-            base_path=request.source.path,
+            base_path=request.entrypoint.rpartition("/")[0],
             facts=TINY_GGUF,
         )

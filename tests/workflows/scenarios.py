@@ -31,9 +31,11 @@ from temporalio.worker import Worker
 from kama.contracts import (
     ARTIFACTS,
     CACHES,
+    DEMAND,
     DEPLOYMENTS,
     RETRY,
     SPEC_CHANGED,
+    DemandReport,
     EntitySnapshot,
     ObjectRef,
     artifact_workflow_id,
@@ -253,7 +255,9 @@ async def wake_from_zero(stage: Stage) -> list[str]:
         what="a deployment at zero says ScaledToZero",
     )
     assert not stage.cluster.pods and not stage.cluster.called("Create serving pod")
-    wake_id = wake_workflow_id(namespace=deployment.ref.namespace, name=deployment.ref.name)
+    wake_id = wake_workflow_id(
+        cluster=deployment.ref.cluster, namespace=deployment.ref.namespace, name=deployment.ref.name
+    )
     wake = await stage.client.start_workflow(
         WakeWorkflow.run,
         WakeInput(ref=deployment.ref, timeout_s=120),
@@ -489,6 +493,57 @@ async def crashing_rollout(stage: Stage) -> list[str]:
     return await failed_rollout(stage, reason="RuntimeFailed", pods_per_try=3)
 
 
+def _replicas_set(stage: Stage) -> list[int]:
+    return [call.replicas for call in stage.cluster.called("Set deployment replicas")]
+
+
+async def autoscale(stage: Stage) -> list[str]:
+    """A sustained load above one replica's slots (reported by a gateway) scales up to
+    what it needs once the scale-up window has passed; when it stops, one replica goes
+    per stabilisation window, never below one (zero is idleTimeout's)."""
+    deployment = await serving_deployment(
+        stage,
+        "busy",
+        idleTimeout="1h",
+        maxReplicas=3,
+        scaleUpWindow="30s",
+        scaleDownWindow="5m",
+    )
+    # one slot a replica (concurrency 1): 3 requests want 3 replicas at 80 %
+    await deployment.handle.signal(DEMAND, DemandReport(gateway="gw-a", in_flight=2, queued=1))
+    await stage.skip(timedelta(seconds=20))
+    assert _replicas_set(stage) == [], "scaled up before the scale-up window"
+    await stage.until(
+        lambda: _replicas_set(stage),
+        within=timedelta(seconds=20),
+        what="the scale-up once demand lasted the window",
+    )
+    assert _replicas_set(stage) == [3]
+    await stage.until(
+        lambda: len([p for p in stage.cluster.pods.values() if p.ready]) == 3,
+        within=timedelta(minutes=1),
+        what="three ready replicas",
+    )
+    # the load stops: the gateway says so; one replica per window, never to zero
+    await deployment.handle.signal(DEMAND, DemandReport(gateway="gw-a", in_flight=0))
+    await stage.skip(timedelta(minutes=4))
+    assert _replicas_set(stage) == [3], "scaled down inside the stabilisation window"
+    await stage.until(
+        lambda: _replicas_set(stage) == [3, 2],
+        within=timedelta(minutes=2),
+        what="one replica less after the window",
+    )
+    await stage.until(
+        lambda: _replicas_set(stage) == [3, 2, 1],
+        within=timedelta(minutes=6),
+        what="another one a window later",
+    )
+    await stage.skip(timedelta(minutes=12))
+    assert _replicas_set(stage) == [3, 2, 1], "autoscaling went below one (idleTimeout's job)"
+    assert len(stage.cluster.pods) == 1, "the drained replicas are gone"
+    return deployment.started
+
+
 CASES: dict[str, Case] = {
     "idle-scale-down": Case(idle_scale_down),
     "wake": Case(wake_from_zero),
@@ -497,5 +552,6 @@ CASES: dict[str, Case] = {
     "retry": Case(artifact_retry),
     "in-place": Case(artifact_in_place),
     "lifecycle": Case(cache_lifecycle),
+    "autoscale": Case(autoscale),
 }
 """The cases `record_histories.py` records, by the name their files carry."""

@@ -24,6 +24,7 @@ from temporalio.api.testservice.v1 import UnlockTimeSkippingRequest
 from temporalio.api.workflow.v1 import WorkflowExecutionInfo as ExecutionInfo
 from temporalio.api.workflowservice.v1 import ListClosedWorkflowExecutionsRequest
 from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -65,9 +66,26 @@ CHILD_CLOSED_EVENTS = frozenset(
 )
 
 
+# the test server walks its executions unguarded while workflows close: the list call
+# then fails (UNKNOWN: java.util.ConcurrentModificationException); asked again
+LIST_ATTEMPTS = 5
+SERVER_FAULTS = frozenset({RPCStatusCode.UNKNOWN, RPCStatusCode.INTERNAL})
+
+
 async def closed_executions(client: Client) -> list[ExecutionInfo]:
     """The closed workflows on the server (it has only the old list call, and its
     answer carries no parent)."""
+    for attempt in range(1, LIST_ATTEMPTS + 1):
+        try:
+            return await _closed_executions(client)
+        except RPCError as exc:
+            if exc.status not in SERVER_FAULTS or attempt == LIST_ATTEMPTS:
+                raise
+            await asyncio.sleep(0.05 * attempt)
+    raise AssertionError("unreachable")
+
+
+async def _closed_executions(client: Client) -> list[ExecutionInfo]:
     found: list[ExecutionInfo] = []
     token = b""
     while True:

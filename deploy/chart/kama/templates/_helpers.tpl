@@ -115,6 +115,10 @@ that every Temporal SDK's environment configuration reads.
 {{- end }}
 - name: KAMA_CONTROL_QUEUE
   value: {{ .Values.controlQueue | quote }}
+- name: KAMA_CLUSTER
+  value: {{ .Values.clusterName | quote }}
+- name: KAMA_LOG_FORMAT
+  value: {{ .Values.logFormat | quote }}
 {{- /* the watcher puts the runtime image into each deployment workflow's input, the
 worker the importer image into importer pods: every process gets both */}}
 - name: KAMA_IMPORTER_IMAGE
@@ -131,6 +135,26 @@ worker the importer image into importer pods: every process gets both */}}
 The root filesystem is read-only; an emptyDir at /var/tmp (not /tmp: the local stack's
 process node keeps every pod's volume sources under /tmp) is the scratch space.
 */}}
+{{/*
+The worker's and the watcher's Prometheus ports: (dict "root" $ "values" .Values.worker).
+Kama's own metrics on `metrics`, the Temporal SDK's on `sdk-metrics`; a port of 0 is off.
+*/}}
+{{- define "kama.metricsEnv" -}}
+- name: KAMA_METRICS_PORT
+  value: {{ .values.metricsPort | quote }}
+- name: KAMA_TEMPORAL_METRICS_PORT
+  value: {{ .values.temporalMetricsPort | quote }}
+{{- end -}}
+{{- define "kama.metricsPorts" -}}
+{{- if .values.metricsPort }}
+- name: metrics
+  containerPort: {{ .values.metricsPort }}
+{{- end }}
+{{- if .values.temporalMetricsPort }}
+- name: sdk-metrics
+  containerPort: {{ .values.temporalMetricsPort }}
+{{- end }}
+{{- end -}}
 {{- define "kama.tmpEnv" -}}
 - name: TMPDIR
   value: /var/tmp

@@ -1,0 +1,146 @@
+"""Prefix-affinity routing against least-load routing, same run, same model, same
+load: multi-turn chat sessions sharing long system prompts (≥ 1,500 tokens, a model
+big enough that prefilling one takes ≥ 0.5 s here) against 2 replicas through the
+gateway. Each turn resends the whole conversation; a replica that already holds its
+prefix in a slot's prompt cache prefills only the new turn. Reports TTFT p50/p99 and
+throughput per strategy and their ratios, in bench-results/prefix_affinity.json.
+
+Each strategy gets its own deployment (the other scaled to zero first, so both run on
+the same two cores) and its own fresh system prompts, so neither benefits from
+caches the other warmed.
+
+Two scenarios, each with both strategies: `shared` (8 sessions over 4 system prompts,
+two sessions a prompt) and `distinct` (every session its own system prompt). This
+llama-server keeps prompt caches beyond its slots, so under LeastLoad a conversation
+pays a full prefill once per replica it visits, under PrefixAffinity once: the gap
+grows with how many replicas a conversation would otherwise visit and shrinks when
+sessions share their prefix anyway."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from kamadev.gguf_factory import ModelShape, write_model
+from tests.bench.bench_gateway import percentile, record
+from tests.conftest import GatewayProcess
+from tests.integration.test_artifact_plane import cache, hf_artifact, wait_condition
+from tests.integration.test_serving_plane import deployment, serving_pods, wait_ready
+from tests.support import apply, eventually, kubectl
+
+# ~27 M parameters (F32): a 1,500-token prefill takes ~1 s on one core here
+SHAPE = ModelShape(n_layer=8, n_embd=512, n_head=8, n_head_kv=8, n_ff=1536, n_ctx=8192, seed=5)
+SYSTEM_CHARS = 1700  # byte-level vocabulary: about one token a character
+SESSIONS = 8
+TURNS = 4
+CONCURRENCY = 4  # sessions in flight at once: two replicas of two slots
+MAX_TOKENS = 8
+
+
+def system_prompt(tag: str, number: int) -> str:
+    words = f"[{tag}-{number}] You are assistant {number}. Answer briefly and kindly. "
+    return (words * (SYSTEM_CHARS // len(words) + 1))[:SYSTEM_CHARS]
+
+
+def one_session(url: str, model: str, system: str, session: int) -> list[tuple[float, float]]:
+    """TTFT and whole-turn time of each turn of one conversation (streamed)."""
+    messages: list[dict[str, str]] = [{"role": "system", "content": system}]
+    timings = []
+    with httpx.Client(timeout=300) as client:
+        for turn in range(TURNS):
+            messages.append({"role": "user", "content": f"session {session} turn {turn}: go on"})
+            started = time.perf_counter()
+            first: float | None = None
+            text = []
+            with client.stream(
+                "POST",
+                f"{url}/v1/chat/completions",
+                json={"model": model, "messages": messages, "max_tokens": MAX_TOKENS,
+                      "stream": True, "temperature": 0},
+            ) as response:  # fmt: skip
+                assert response.status_code == 200, response.read()
+                for line in response.iter_lines():
+                    if line.startswith("data:") and first is None:
+                        first = time.perf_counter() - started
+                    if line.startswith("data:") and '"content"' in line:
+                        text.append(line)
+            assert first is not None
+            timings.append((first, time.perf_counter() - started))
+            messages.append({"role": "assistant", "content": f"reply {turn}"})
+    return timings
+
+
+SCENARIOS = {"shared": SESSIONS // 2, "distinct": SESSIONS}
+"""Scenario: how many different system prompts the sessions use."""
+
+
+def run_strategy(gw: GatewayProcess, namespace: str, name: str, *, prompts: int) -> dict[str, Any]:
+    model, tag = f"{namespace}/{name}", uuid.uuid4().hex[:6]
+    wall = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(CONCURRENCY) as pool:
+        futures = [
+            pool.submit(one_session, gw.url, model, system_prompt(tag, n % prompts), n)
+            for n in range(SESSIONS)
+        ]
+        timings = [t for f in futures for t in f.result()]
+    elapsed = time.perf_counter() - wall
+    ttft = [t for t, _ in timings]
+    return {
+        "turns": len(timings),
+        "ttft_p50_ms": round(percentile(ttft, 50) * 1000, 1),
+        "ttft_p99_ms": round(percentile(ttft, 99) * 1000, 1),
+        "first_turn_ttft_p50_ms": round(percentile(ttft[::TURNS], 50) * 1000, 1),
+        "turns_per_s": round(len(timings) / elapsed, 3),
+    }
+
+
+def test_prefix_affinity_against_least_load(
+    gateway: GatewayProcess, namespace: str, tmp_path: Path
+) -> None:
+    gw, control = gateway, gateway.control
+    repo = f"acme/affinity-{uuid.uuid4().hex[:6]}"
+    control.hub.add_repo(repo, {"model.gguf": write_model(tmp_path / "m.gguf", shape=SHAPE)})
+    apply(control.stack, cache(namespace), hf_artifact(namespace, "big", repo, ["model.gguf"]))
+    wait_condition(control, namespace, "big", "Ready")
+    results: dict[str, Any] = {"shape": SHAPE.__dict__ | {"file_type": SHAPE.file_type}}
+    for scenario, prompts in SCENARIOS.items():
+        results[scenario] = compare_strategies(gw, namespace, scenario, prompts=prompts)
+    record("prefix_affinity", results)
+
+
+def compare_strategies(
+    gw: GatewayProcess, namespace: str, scenario: str, *, prompts: int
+) -> dict[str, Any]:
+    control = gw.control
+    results: dict[str, Any] = {"system_prompts": prompts, "sessions": SESSIONS, "turns": TURNS}
+    for name, strategy in (
+        (f"{scenario}-least", "LeastLoad"),
+        (f"{scenario}-affine", "PrefixAffinity"),
+    ):
+        apply(
+            control.stack,
+            deployment(
+                namespace, name, "big", replicas=2,
+                runtime={"contextSize": 4096, "concurrency": 2}, resources={"cpu": "100m"},
+                scaling={"minReplicas": 2, "maxReplicas": 2, "idleTimeout": "1h"},
+                routing={"strategy": strategy},
+            ),
+        )  # fmt: skip
+        wait_ready(control, namespace, name, 2)
+        results[strategy] = run_strategy(gw, namespace, name, prompts=prompts)
+        kubectl(control.stack, "delete", "modeldeployment", name, "-n", namespace, "--wait=false")
+        eventually(
+            lambda n=name: not serving_pods(control, namespace, n),  # type: ignore[misc]
+            timeout=180,
+            what=f"{name}'s pods gone",
+        )
+    least, affine = results["LeastLoad"], results["PrefixAffinity"]
+    results["ttft_p50_ratio"] = round(affine["ttft_p50_ms"] / least["ttft_p50_ms"], 3)
+    results["ttft_p99_ratio"] = round(affine["ttft_p99_ms"] / least["ttft_p99_ms"], 3)
+    results["throughput_ratio"] = round(affine["turns_per_s"] / least["turns_per_s"], 3)
+    return results

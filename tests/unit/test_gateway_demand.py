@@ -1,0 +1,94 @@
+"""What a gateway tells the workflows about demand: when a model's demand is worth a
+signal (rises at once, falls and steady load once a period, nothing at rest), what a
+report holds, and the in-flight counts a draining pod's drain workflow waits for."""
+
+from __future__ import annotations
+
+from gateway.demand import ReportSchedule, current_demand, demand_report
+from gateway.registry import Model, ModelRegistry
+from tests.unit.gateway_support import deployment, pod
+
+PERIOD = 30.0
+
+
+def run(schedule: ReportSchedule, demands: list[int], *, every: float = 1.0) -> list[int]:
+    """Sample `demands` one per `every` seconds; the demands reported."""
+    sent = []
+    for tick, demand in enumerate(demands, start=1):
+        found = schedule.sample(demand, now=tick * every, period_s=PERIOD)
+        if found is not None:
+            sent.append(found)
+    return sent
+
+
+def test_nothing_is_reported_at_rest() -> None:
+    assert run(ReportSchedule(), [0] * 600) == []
+
+
+def test_a_steady_load_is_reported_once_a_period_not_every_sample() -> None:
+    # 10 minutes of a load jittering between 7 and 8 requests
+    sent = run(ReportSchedule(), [7 + tick % 2 for tick in range(600)])
+    assert sent[:2] == [7, 8], "a rise is reported at once"
+    assert set(sent[2:]) == {8}, "then the period's peak"
+    assert len(sent) <= 600 / PERIOD + 2  # 2 s reports would be 300
+    # in Temporal actions per hour: at most 120 with a 30 s period, before 1800
+
+
+def test_a_rise_is_reported_within_the_minimum_gap_and_a_fall_within_a_period() -> None:
+    schedule = ReportSchedule()
+    assert run(schedule, [2]) == [2]
+    assert schedule.sample(6, now=1.5, period_s=PERIOD) is None  # 2 s gap not over
+    assert schedule.sample(6, now=3.0, period_s=PERIOD) == 6
+    falls = [schedule.sample(0, now=3.0 + t, period_s=PERIOD) for t in range(1, 70)]
+    reported = [d for d in falls if d is not None]
+    assert reported == [6, 0], "the period's peak, then zero once, then silence"
+
+
+def chat_registry() -> tuple[ModelRegistry, Model]:
+    registry = ModelRegistry()
+    registry.apply_deployment("ADDED", deployment("chat"))
+    registry.apply_pod("ADDED", pod("p0", ip="10.0.0.1", slots=2))
+    registry.apply_pod("ADDED", pod("p1", ip="10.0.0.2", slots=2))
+    model = registry.resolve("ns/chat")
+    assert model is not None
+    return registry, model
+
+
+def test_a_report_holds_in_flight_queued_and_per_pod_counts() -> None:
+    registry, model = chat_registry()
+    leases = [registry.acquire(model, route="chat", exclude=(), now=0.0) for _ in range(3)]
+    model.held = 2  # e.g. waiting at zero
+    report = demand_report(model, gateway="gw")
+    assert (report.in_flight, report.queued, report.demand) == (3, 2, 5)
+    assert sorted(report.pods.values()) == [1, 2]
+    for lease in leases:
+        assert lease is not None
+        lease.release()
+    model.held = 0
+    # requests that came and went between two samples still count as demand
+    assert current_demand(model) == 1
+    assert current_demand(model) == 0
+
+
+def test_the_report_period_follows_the_models_windows() -> None:
+    registry = ModelRegistry()
+    spec = deployment("quick")
+    spec["spec"]["scaling"].update(idleTimeout="1m", scaleDownWindow="5m")
+    registry.apply_deployment("ADDED", spec)
+    model = registry.resolve("ns/quick")
+    assert model is not None and model.report_period_s == 15.0
+
+
+def test_a_draining_pod_with_requests_here_is_announced_then_its_last_request() -> None:
+    registry, model = chat_registry()
+    lease = registry.acquire(model, route="chat", exclude=(), now=0.0)
+    assert lease is not None
+    busy = lease.endpoint.pod
+    idle = "p1" if busy == "p0" else "p0"
+    for name in (busy, idle):
+        registry.apply_pod("MODIFIED", pod(name, draining=True))
+    assert list(registry.drain_notices) == [("ns", busy, 1)], "only the pod with requests"
+    assert registry.drain_noticed.is_set()
+    registry.drain_notices.clear()
+    lease.release()
+    assert list(registry.drain_notices) == [("ns", busy, 0)]
