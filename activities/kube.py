@@ -20,6 +20,7 @@ from temporalio.exceptions import ApplicationError
 from activities.kube_errors import Conflict, Forbidden, Invalid, KubeTarget, NotFound, kube_call
 from kama.api import API_VERSION, FINALIZER, GROUP, VERSION
 from kama.contracts import ARTIFACTS, CACHES, DEPLOYMENTS, ObjectRef
+from kama.importer_pod import ImporterPodOptions
 from kama.temporal_setup import (
     ImporterTemporal,
     importer_temporal_env,
@@ -115,6 +116,7 @@ class ImporterSettings:
     image: str
     temporal: ImporterTemporal  # the worker's Temporal connection, as importer pods get it
     hf_endpoint: str = "https://huggingface.co"
+    options: ImporterPodOptions = field(default_factory=ImporterPodOptions)
 
 
 def importer_pod_name(artifact: str, operation_id: str) -> str:
@@ -402,9 +404,13 @@ class KubeActivities:
                 }
             )
             mounts.append({"name": "hf-token", "mountPath": TOKEN_MOUNT, "readOnly": True})
-        if temporal_volume := importer_temporal_volume(self.importer.temporal):
-            volumes.append(temporal_volume[0])
-            mounts.append(temporal_volume[1])
+        for extra in (
+            importer_temporal_volume(self.importer.temporal),
+            self.importer.options.ca_volume(),
+        ):
+            if extra is not None:
+                volumes.append(extra[0])
+                mounts.append(extra[1])
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -446,7 +452,13 @@ class KubeActivities:
                         "env": [
                             *importer_temporal_env(self.importer.temporal),
                             {"name": "KAMA_HF_ENDPOINT", "value": self.importer.hf_endpoint},
+                            *self.importer.options.container_env(),
                         ],
+                        **(
+                            {"resources": self.importer.options.resources}
+                            if self.importer.options.resources
+                            else {}
+                        ),
                         "securityContext": {
                             "readOnlyRootFilesystem": True,
                             "allowPrivilegeEscalation": False,

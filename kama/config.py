@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kama.contracts import control_task_queue
+from kama.importer_pod import ImporterPodOptions
 
 DEFAULT_CONTROL_QUEUE = "kama-control"
 DEFAULT_IMPORTER_IMAGE = "ghcr.io/kama-dev/kama:0.1.0"
@@ -55,6 +56,8 @@ class Settings:
     # a Secret in each served namespace with the importer pods' Temporal credentials
     # (tls.crt, tls.key, ca.crt, api-key: those the worker's own connection uses)
     importer_temporal_secret: str | None = None
+    # resources, extra env and CA bundle of importer pods (KAMA_IMPORTER_RESOURCES, ...)
+    importer_pod: ImporterPodOptions = field(default_factory=ImporterPodOptions)
     watch_namespace: str | None = None  # None: all namespaces
     runtime_image: str = DEFAULT_IMPORTER_IMAGE  # serving pods run `kama runtime` from it
     health_port: int = DEFAULT_HEALTH_PORT  # the watcher's /healthz and /readyz
@@ -85,6 +88,7 @@ class Settings:
             importer_image=env.get("KAMA_IMPORTER_IMAGE", defaults.importer_image),
             importer_temporal_address=env.get("KAMA_IMPORTER_TEMPORAL_ADDRESS") or None,
             importer_temporal_secret=env.get("KAMA_IMPORTER_TEMPORAL_SECRET") or None,
+            importer_pod=ImporterPodOptions.from_env(env),
             watch_namespace=env.get("KAMA_WATCH_NAMESPACE") or None,
             runtime_image=env.get("KAMA_RUNTIME_IMAGE")
             or env.get("KAMA_IMPORTER_IMAGE", defaults.runtime_image),

@@ -54,6 +54,7 @@ async def run_worker(settings: Settings) -> None:
             image=settings.importer_image,
             temporal=importer_connection(settings, env=os.environ),
             hf_endpoint=settings.hf_endpoint,
+            options=settings.importer_pod,
         ),
     )
     progress = ProgressActivities(client=client)

@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
+from kama.config import Settings
 from kamadev.binaries import REPO_ROOT, ensure_helm
+from tests.unit.test_importer_pod_options import created_importer_pod
 
 CHART = REPO_ROOT / "deploy" / "chart" / "kama"
 EVAL = ("--set", "temporal.evaluation.enabled=true")
@@ -341,3 +343,29 @@ def test_the_cluster_name_reaches_every_process_and_importer_credentials_the_wor
     assert env_of(worker)["KAMA_IMPORTER_TEMPORAL_SECRET"] == "kama-t"
     unnamed = named(render(helm, *EVAL), "Deployment", "kama-worker")
     assert env_of(unnamed["spec"]["template"]["spec"]["containers"][0])["KAMA_CLUSTER"] == ""
+
+
+def test_importer_values_reach_the_importer_pods_the_worker_creates(
+    helm: tuple[Path, dict[str, str]],
+) -> None:
+    """What `helm install` sets for importer pods is what the worker, reading its own
+    environment as rendered, puts into them."""
+    docs = render(
+        helm, *EVAL,
+        "--set", "importer.resources.requests.cpu=300m",
+        "--set", "importer.resources.limits.memory=1Gi",
+        "--set", "importer.env[0].name=HTTPS_PROXY",
+        "--set", "importer.env[0].value=http://proxy:3128",
+        "--set", "importer.caBundle.configMapName=corp-ca",
+    )  # fmt: skip
+    worker = named(docs, "Deployment", "kama-worker")["spec"]["template"]["spec"]["containers"][0]
+    plain = {k: v for k, v in env_of(worker).items() if isinstance(v, str)}
+    pod = created_importer_pod(Settings.from_env(plain).importer_pod)
+    [container] = pod["spec"]["containers"]
+    assert container["resources"] == {"requests": {"cpu": "300m"}, "limits": {"memory": "1Gi"}}
+    assert env_of(container)["HTTPS_PROXY"] == "http://proxy:3128"
+    assert env_of(container)["SSL_CERT_FILE"] == "/etc/kama/source-ca/ca.crt"
+    assert any(v.get("configMap", {}).get("name") == "corp-ca" for v in pod["spec"]["volumes"])
+    assert "importer.env" in refused(
+        helm, *EVAL, "--set", "importer.env[0].name=X", "--set", "importer.env[0].vaule=y"
+    )

@@ -1,0 +1,122 @@
+"""What an operator sets for importer pods besides their Temporal connection: the
+container's resources, extra environment (a proxy for downloads: `HTTPS_PROXY`,
+`NO_PROXY`) and a CA bundle to trust for the model source (a TLS-inspecting proxy, a
+private Hub mirror).
+
+The chart hands them to the worker as `KAMA_IMPORTER_RESOURCES` and
+`KAMA_IMPORTER_ENV` (JSON, shaped as in a pod spec) and `KAMA_IMPORTER_CA_CONFIGMAP` /
+`KAMA_IMPORTER_CA_KEY` (a ConfigMap in each served namespace). They are checked when
+the worker starts, so a bad value stops it with a message that names the variable
+instead of failing every import later; pure parsing, no I/O."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# where the CA bundle is mounted in importer pods; the importer's HTTP client (httpx)
+# trusts exactly the bundle SSL_CERT_FILE names
+CA_MOUNT = "/etc/kama/source-ca"
+CA_FILE = "ca.crt"
+CA_VOLUME = "source-ca"
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+_RESOURCE_KEYS = frozenset({"requests", "limits"})
+# names Kama sets itself: an operator's value would silently cut the pod off Temporal,
+# the Hub endpoint or the mounted bundle
+_RESERVED_PREFIXES = ("TEMPORAL_", "KAMA_")
+_RESERVED_NAMES = frozenset({"SSL_CERT_FILE"})
+
+
+@dataclass(frozen=True)
+class ImporterPodOptions:
+    resources: dict[str, dict[str, str]] = field(default_factory=dict)
+    env: tuple[dict[str, Any], ...] = ()
+    ca_configmap: str | None = None
+    ca_key: str = CA_FILE
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> ImporterPodOptions:
+        """The options the chart passed; ValueError naming the variable otherwise."""
+        return cls(
+            resources=_resources(env.get("KAMA_IMPORTER_RESOURCES") or "{}"),
+            env=_extra_env(env.get("KAMA_IMPORTER_ENV") or "[]"),
+            ca_configmap=env.get("KAMA_IMPORTER_CA_CONFIGMAP") or None,
+            ca_key=env.get("KAMA_IMPORTER_CA_KEY") or CA_FILE,
+        )
+
+    def container_env(self) -> list[dict[str, Any]]:
+        """The importer container's `env` entries these options add."""
+        entries = [dict(entry) for entry in self.env]
+        if self.ca_configmap is not None:
+            entries.append({"name": "SSL_CERT_FILE", "value": f"{CA_MOUNT}/{CA_FILE}"})
+        return entries
+
+    def ca_volume(self) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """The ConfigMap volume with the CA bundle and its mount, when one is set."""
+        if self.ca_configmap is None:
+            return None
+        volume = {
+            "name": CA_VOLUME,
+            "configMap": {
+                "name": self.ca_configmap,
+                "items": [{"key": self.ca_key, "path": CA_FILE}],
+            },
+        }
+        return volume, {"name": CA_VOLUME, "mountPath": CA_MOUNT, "readOnly": True}
+
+
+def _json(value: str, *, variable: str) -> object:
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{variable} is not JSON: {exc}") from None
+
+
+def _resources(value: str) -> dict[str, dict[str, str]]:
+    variable = "KAMA_IMPORTER_RESOURCES"
+    found = _json(value, variable=variable)
+    if not isinstance(found, dict):
+        raise ValueError(f"{variable} must be an object with requests and/or limits")
+    resources: dict[str, dict[str, str]] = {}
+    for key, amounts in found.items():
+        if key not in _RESOURCE_KEYS:
+            raise ValueError(f"{variable}: unknown key {key!r} (requests, limits)")
+        if not isinstance(amounts, dict) or not all(
+            isinstance(name, str) and isinstance(amount, str | int | float)
+            and not isinstance(amount, bool)
+            for name, amount in amounts.items()
+        ):  # fmt: skip
+            raise ValueError(f"{variable}.{key} must map resource names to quantities")
+        resources[key] = {name: str(amount) for name, amount in amounts.items()}
+    return resources
+
+
+def _extra_env(value: str) -> tuple[dict[str, Any], ...]:
+    variable = "KAMA_IMPORTER_ENV"
+    found = _json(value, variable=variable)
+    if not isinstance(found, list):
+        raise ValueError(f"{variable} must be a list of env entries (name, value)")
+    entries: list[dict[str, Any]] = []
+    for number, entry in enumerate(found):
+        where = f"{variable}[{number}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise ValueError(f"{where} must be an object with a name")
+        name = entry["name"]
+        if not _ENV_NAME.match(name):
+            raise ValueError(f"{where}: {name!r} is not an environment variable name")
+        if name.startswith(_RESERVED_PREFIXES) or name in _RESERVED_NAMES:
+            raise ValueError(f"{where}: {name} is set by Kama itself")
+        if set(entry) - {"name", "value", "valueFrom"} or (
+            ("value" in entry) == ("valueFrom" in entry)
+        ):
+            raise ValueError(f"{where} ({name}) needs exactly one of value, valueFrom")
+        if "value" in entry and not isinstance(entry["value"], str):
+            raise ValueError(f"{where} ({name}): value must be a string")
+        if "valueFrom" in entry and not isinstance(entry["valueFrom"], dict):
+            raise ValueError(f"{where} ({name}): valueFrom must be an object")
+        entries.append(dict(entry))
+    return tuple(entries)

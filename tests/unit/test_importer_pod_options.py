@@ -1,0 +1,116 @@
+"""Importer pod settings an operator gives the chart (resources, proxy environment, a
+CA bundle for the model source): checked when the worker starts, with the variable
+named, and present in every importer pod the worker creates."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from activities.kube import ImporterPod, ImporterSettings, KubeActivities
+from kama.config import Settings
+from kama.contracts import ObjectRef, importer_task_queue
+from kama.importer_pod import CA_MOUNT, ImporterPodOptions
+from kama.temporal_setup import ImporterTemporal
+
+
+def created_importer_pod(options: ImporterPodOptions) -> dict[str, Any]:
+    connection = ImporterTemporal(address="temporal:7233", namespace="default", cluster="")
+    api = KubeActivities(
+        api=k8s.ApiClient(),
+        importer=ImporterSettings(image="kama:dev", temporal=connection, options=options),
+    )
+    created: list[dict[str, Any]] = []
+
+    class FakeCore:
+        def create_namespaced_pod(self, namespace: str, pod: dict[str, Any]) -> None:
+            created.append(pod)
+
+    api.core = FakeCore()
+    ref = ObjectRef(namespace="team-a", name="llama", uid="u-1")
+    api.ensure_importer_pod(
+        ImporterPod(
+            ref=ref,
+            operation_id="op-1",
+            task_queue=importer_task_queue(ref, operation="op-1"),
+            cache_claim="cache",
+        )
+    )
+    [pod] = created
+    return pod
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def test_resources_proxy_env_and_ca_bundle_reach_the_importer_pod() -> None:
+    settings = Settings.from_env(
+        {
+            "KAMA_IMPORTER_RESOURCES": json.dumps(
+                {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": 2}}
+            ),
+            "KAMA_IMPORTER_ENV": json.dumps(
+                [
+                    {"name": "HTTPS_PROXY", "value": "http://proxy.corp:3128"},
+                    {
+                        "name": "NO_PROXY",
+                        "valueFrom": {"configMapKeyRef": {"name": "p", "key": "n"}},
+                    },
+                ]
+            ),
+            "KAMA_IMPORTER_CA_CONFIGMAP": "corp-ca",
+            "KAMA_IMPORTER_CA_KEY": "bundle.pem",
+        }
+    )
+    pod = created_importer_pod(settings.importer_pod)
+    [container] = pod["spec"]["containers"]
+    assert container["resources"] == {
+        "requests": {"cpu": "250m", "memory": "512Mi"},
+        "limits": {"memory": "2"},
+    }
+    env = env_of(container)
+    assert env["HTTPS_PROXY"] == "http://proxy.corp:3128"
+    assert env["NO_PROXY"] == {"configMapKeyRef": {"name": "p", "key": "n"}}
+    assert env["SSL_CERT_FILE"] == f"{CA_MOUNT}/ca.crt"
+    assert env["TEMPORAL_ADDRESS"] == "temporal:7233", "Kama's own entries are kept"
+    [volume] = [v for v in pod["spec"]["volumes"] if "configMap" in v]
+    assert volume["configMap"] == {
+        "name": "corp-ca",
+        "items": [{"key": "bundle.pem", "path": "ca.crt"}],
+    }
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount == {"name": volume["name"], "mountPath": CA_MOUNT, "readOnly": True}
+
+
+def test_without_options_the_importer_pod_is_as_before() -> None:
+    pod = created_importer_pod(ImporterPodOptions())
+    [container] = pod["spec"]["containers"]
+    assert "resources" not in container
+    assert "SSL_CERT_FILE" not in env_of(container)
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["cache"]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "named"),
+    [
+        ("KAMA_IMPORTER_RESOURCES", "{cpu: 1}", "KAMA_IMPORTER_RESOURCES is not JSON"),
+        ("KAMA_IMPORTER_RESOURCES", '{"request": {}}', "unknown key 'request'"),
+        ("KAMA_IMPORTER_RESOURCES", '{"limits": {"cpu": true}}', "KAMA_IMPORTER_RESOURCES.limits"),
+        ("KAMA_IMPORTER_ENV", '{"HTTPS_PROXY": "x"}', "KAMA_IMPORTER_ENV must be a list"),
+        ("KAMA_IMPORTER_ENV", '[{"value": "x"}]', "KAMA_IMPORTER_ENV[0] must be an object"),
+        ("KAMA_IMPORTER_ENV", '[{"name": "A B", "value": "x"}]', "not an environment variable"),
+        ("KAMA_IMPORTER_ENV", '[{"name": "TEMPORAL_ADDRESS", "value": "x"}]', "set by Kama"),
+        ("KAMA_IMPORTER_ENV", '[{"name": "SSL_CERT_FILE", "value": "/x"}]', "set by Kama"),
+        ("KAMA_IMPORTER_ENV", '[{"name": "P"}]', "exactly one of value, valueFrom"),
+        ("KAMA_IMPORTER_ENV", '[{"name": "P", "value": 3}]', "value must be a string"),
+    ],
+)
+def test_a_bad_setting_stops_the_worker_naming_the_variable(
+    variable: str, value: str, named: str
+) -> None:
+    with pytest.raises(ValueError, match=named.replace("[", r"\[").replace("(", r"\(")):
+        Settings.from_env({variable: value})
