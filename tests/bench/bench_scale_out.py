@@ -1,0 +1,201 @@
+"""Scale-out reaction: from the moment a model's demand rises above its target (two
+streams on one replica of one slot, target 100 %) until the second replica is Ready
+and routable, through the whole control plane (gateway demand report, the
+DeploymentWorkflow's decision after its scale-up window, `/scale`, the rollout, the
+node starting the pod, the runtime verifying the artifact and starting llama-server,
+the readiness probe, the status reaching the API server).
+
+The baseline, measured in the same run on the same model file: llama-server's own
+load time (process start until `/health` answers 200), started directly. What is left
+after the baseline and the configured scale-up window is the control plane's share
+(the issue's goal: at most 2 s). Written to bench-results/scale_out.json with each
+phase's share of the median trial."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+from kubernetes import client as k8s
+
+from kama.api import GROUP, VERSION
+from kama.contracts import DEPLOYMENTS
+from kamadev.gguf_factory import ModelShape, write_model
+from kamadev.processes import free_port
+from tests.bench.bench_gateway import record
+from tests.conftest import GatewayProcess
+from tests.integration.test_artifact_plane import cache, hf_artifact, wait_condition
+from tests.integration.test_serving_plane import deployment, wait_ready
+from tests.support import apply, eventually, kubectl
+
+TRIALS = 3
+CONTEXT = 2048
+SCALE_UP_WINDOW_S = 1.0
+POLL_S = 0.02
+SHAPE = ModelShape(n_layer=2, n_ctx=CONTEXT, seed=97)
+
+
+def llama_load_time(binary: Path, model: Path) -> float:
+    """Seconds from starting llama-server on `model` until `/health` answers 200."""
+    port = free_port()
+    started = time.perf_counter()
+    child = subprocess.Popen(
+        [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
+         "-c", str(CONTEXT), "-np", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        with httpx.Client(timeout=1) as client:
+            while True:
+                try:
+                    if client.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                        return time.perf_counter() - started
+                except httpx.TransportError:
+                    pass
+                assert child.poll() is None, "llama-server exited"
+                assert time.perf_counter() - started < 60, "llama-server did not load"
+                time.sleep(0.005)
+    finally:
+        child.terminate()
+        child.wait(timeout=30)
+
+
+@contextmanager
+def streams(url: str, model: str, count: int) -> Iterator[None]:
+    """`count` long streams in flight until the block ends."""
+    stop = threading.Event()
+
+    def one() -> None:
+        with (
+            httpx.Client(timeout=120) as client,
+            client.stream(
+                "POST",
+                f"{url}/v1/completions",
+                json={"model": model, "prompt": "go", "max_tokens": CONTEXT - 16,
+                      "stream": True, "ignore_eos": True},
+            ) as response,
+        ):  # fmt: skip
+            for _ in response.iter_bytes():
+                if stop.is_set():
+                    return
+
+    threads = [threading.Thread(target=one, daemon=True) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
+
+
+def ready_at(pod: Any) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+def one_trial(gw: GatewayProcess, namespace: str, name: str) -> dict[str, float]:
+    """Phase times (seconds after the load began) of one scale-out 1 -> 2."""
+    core = gw.control.stack.core()
+    selector = f"kama.dev/deployment={name}"
+    custom = k8s.CustomObjectsApi(gw.control.stack.api_client())
+    before = {
+        p.metadata.name for p in core.list_namespaced_pod(namespace, label_selector=selector).items
+    }
+    seen: dict[str, float] = {}
+    with streams(gw.url, f"{namespace}/{name}", 2):
+        started = time.perf_counter()
+        while "ready" not in seen:
+            now = time.perf_counter() - started
+            assert now < 120, f"no second replica within 120 s: {seen}"
+            if "scaled" not in seen and desired_replicas(custom, namespace, name) >= 2:
+                seen["scaled"] = now
+            pods = [
+                p for p in core.list_namespaced_pod(namespace, label_selector=selector).items
+                if p.metadata.name not in before
+            ]  # fmt: skip
+            if pods and "created" not in seen:
+                seen["created"] = now
+            if pods and "running" not in seen and pods[0].status.phase == "Running":
+                seen["running"] = now
+            if pods and ready_at(pods[0]):
+                seen["ready"] = now
+            time.sleep(POLL_S)
+    return seen
+
+
+def desired_replicas(custom: k8s.CustomObjectsApi, namespace: str, name: str) -> int:
+    obj = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, DEPLOYMENTS, name)
+    return int(obj["spec"].get("replicas", 0))
+
+
+def test_scale_out_reaction(gateway: GatewayProcess, namespace: str, tmp_path: Path) -> None:
+    gw, control = gateway, gateway.control
+    model_file = write_model(tmp_path / "m.gguf", shape=SHAPE)
+    repo = f"acme/scale-out-{uuid.uuid4().hex[:6]}"
+    control.hub.add_repo(repo, {"model.gguf": model_file})
+    apply(
+        control.stack,
+        cache(namespace),
+        hf_artifact(namespace, "scaler-model", repo, ["model.gguf"]),
+    )
+    wait_condition(control, namespace, "scaler-model", "Ready")
+    apply(
+        control.stack,
+        deployment(
+            namespace, "scaler", "scaler-model", replicas=1,
+            runtime={"contextSize": CONTEXT, "concurrency": 1}, resources={"cpu": "100m"},
+            scaling={"minReplicas": 1, "maxReplicas": 2, "targetUtilizationPercent": 100,
+                     "scaleUpWindow": f"{SCALE_UP_WINDOW_S:g}s", "scaleDownWindow": "1h",
+                     "idleTimeout": "1h", "drainTimeout": "5s"},
+        ),
+    )  # fmt: skip
+    wait_ready(control, namespace, "scaler", 1)
+    trials: list[dict[str, float]] = []
+    baselines: list[float] = []
+    for _ in range(TRIALS):
+        baselines.append(llama_load_time(control.stack.binaries.llama_server, model_file))
+        trials.append(one_trial(gw, namespace, "scaler"))
+        kubectl(
+            control.stack, "scale", "modeldeployment", "scaler", "-n", namespace, "--replicas=1"
+        )
+        eventually(
+            lambda: len(
+                control.stack.core().list_namespaced_pod(
+                    namespace, label_selector="kama.dev/deployment=scaler"
+                ).items
+            ) == 1,
+            timeout=120,
+            what="back to one replica",
+        )  # fmt: skip
+        wait_ready(control, namespace, "scaler", 1)
+    median = sorted(trials, key=lambda t: t["ready"])[len(trials) // 2]
+    baseline = statistics.median(baselines)
+    share = median["ready"] - SCALE_UP_WINDOW_S - baseline
+    record(
+        "scale_out",
+        {
+            "trials": [{k: round(v, 3) for k, v in t.items()} for t in trials],
+            "llama_server_load_s": [round(b, 3) for b in baselines],
+            "scale_up_window_s": SCALE_UP_WINDOW_S,
+            "median": {
+                "demand_to_ready_s": round(median["ready"], 3),
+                "demand_to_scale_decision_s": round(median["scaled"], 3),
+                "decision_to_pod_created_s": round(median["created"] - median["scaled"], 3),
+                "created_to_running_s": round(median["running"] - median["created"], 3),
+                "running_to_ready_s": round(median["ready"] - median["running"], 3),
+                "llama_server_load_s": round(baseline, 3),
+                "control_plane_share_s": round(share, 3),
+                "ready_over_baseline_ratio": round(median["ready"] / baseline, 2),
+            },
+            "goal_control_plane_share_s": 2.0,
+        },
+    )
