@@ -16,9 +16,15 @@ from kama.contracts import ObjectRef, importer_task_queue
 from kama.importer_pod import CA_MOUNT, ImporterPodOptions
 from kama.temporal_setup import ImporterTemporal
 
+PLAIN_TEMPORAL = ImporterTemporal(address="temporal:7233", namespace="default")
 
-def created_importer_pod(options: ImporterPodOptions) -> dict[str, Any]:
-    connection = ImporterTemporal(address="temporal:7233", namespace="default", cluster="")
+
+def created_importer_pod(
+    options: ImporterPodOptions,
+    *,
+    connection: ImporterTemporal = PLAIN_TEMPORAL,
+) -> dict[str, Any]:
+    """The pod body `ensure_importer_pod` sends the API server (captured, not sent)."""
     api = KubeActivities(
         api=k8s.ApiClient(),
         importer=ImporterSettings(image="kama:dev", temporal=connection, options=options),
@@ -30,7 +36,7 @@ def created_importer_pod(options: ImporterPodOptions) -> dict[str, Any]:
             created.append(pod)
 
     api.core = FakeCore()
-    ref = ObjectRef(namespace="team-a", name="llama", uid="u-1")
+    ref = ObjectRef(namespace="team-a", name="llama", uid="u-1", cluster=connection.cluster)
     api.ensure_importer_pod(
         ImporterPod(
             ref=ref,

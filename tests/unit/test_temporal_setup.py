@@ -10,10 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client as k8s
 from temporalio.common import SearchAttributeIndexedValueType as T
 
-from activities.kube import ImporterPod, ImporterSettings, KubeActivities
 from kama.config import Settings, cluster_name_problem
 from kama.contracts import (
     ObjectRef,
@@ -28,6 +26,7 @@ from kama.contracts import (
     verify_workflow_id,
     wake_workflow_id,
 )
+from kama.importer_pod import ImporterPodOptions
 from kama.temporal_setup import (
     create_commands,
     importer_temporal_env,
@@ -35,6 +34,7 @@ from kama.temporal_setup import (
     search_attribute_report,
 )
 from kamactl.clients import importer_connection, temporal_profile
+from tests.unit.test_importer_pod_options import created_importer_pod
 
 ALL = {"KamaKind": T.KEYWORD, "KamaNamespace": T.KEYWORD, "KamaName": T.KEYWORD}
 
@@ -143,26 +143,7 @@ def test_importer_pods_mount_their_credentials_from_the_secret(tmp_path: Path) -
     env = {**_mtls_env(tmp_path), "KAMA_IMPORTER_TEMPORAL_SECRET": "kama-temporal"}
     env["TEMPORAL_API_KEY"] = "secret-key"
     connection = importer_connection(Settings.from_env(env), env=env)
-    api = KubeActivities(
-        api=k8s.ApiClient(), importer=ImporterSettings(image="kama:dev", temporal=connection)
-    )
-    created: list[dict[str, Any]] = []
-
-    class FakeCore:
-        def create_namespaced_pod(self, namespace: str, pod: dict[str, Any]) -> None:
-            created.append(pod)
-
-    api.core = FakeCore()
-    ref = ObjectRef(namespace="team-a", name="llama", uid="u-1", cluster="prod-eu")
-    api.ensure_importer_pod(
-        ImporterPod(
-            ref=ref,
-            operation_id="op-1",
-            task_queue=importer_task_queue(ref, operation="op-1"),
-            cache_claim="cache",
-        )
-    )
-    [pod] = created
+    pod = created_importer_pod(ImporterPodOptions(), connection=connection)
     [container] = pod["spec"]["containers"]
     assert container["args"] == ["importer", "--task-queue", "prod-eu:kama-importer-op-1"]
     assert _env_of(container["env"]) == {
