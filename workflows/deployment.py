@@ -102,6 +102,7 @@ class DeploymentMemory:
     rollouts: int = 0
     last_demand: str | None = None  # ISO time of the last request any gateway reported
     seen_replicas: int = 0  # a scale-up (by anyone) restarts the idle clock
+    seen_routable: int = 0  # and so does a replica becoming ready to serve
     woke_at_generation: int | None = None  # a wake scale-up not yet seen back in the spec
     status_to_add: dict[str, Any] = field(default_factory=dict)  # rides with the next write
     # "<generation>/<fingerprint>" of a rollout the API server refused (a missing
@@ -127,6 +128,9 @@ AUTOSCALING = "demand-autoscaling-1"
 # the idle scale-down waits while a gateway's latest report, late but not stale, says
 # requests are in flight:
 IDLE_HEEDS_REPORTED_DEMAND = "idle-heeds-reported-demand-1"
+# the idle clock restarts when a replica becomes routable (a replica that loaded for
+# most of idleTimeout is not scaled away the moment it is ready):
+IDLE_CLOCK_FROM_SERVING = "idle-clock-from-serving-1"
 
 
 @dataclass(frozen=True)
@@ -467,6 +471,9 @@ class DeploymentWorkflow(EntityWorkflow):
     ) -> None:
         current = [p for p in pods if p.fingerprint == fingerprint and p.serving]
         routable = [p for p in pods if p.ready and p.serving]
+        if len(routable) > self._memory.seen_routable and workflow.patched(IDLE_CLOCK_FROM_SERVING):
+            self._memory.last_demand = workflow.now().isoformat()
+        self._memory.seen_routable = len(routable)
         ready = sum(1 for p in current if p.ready)
         failure = self._memory.rollout_failure
         if failure:

@@ -366,6 +366,7 @@ def test_importer_values_reach_the_importer_pods_the_worker_creates(
     assert env_of(container)["HTTPS_PROXY"] == "http://proxy:3128"
     assert env_of(container)["SSL_CERT_FILE"] == "/etc/kama/source-ca/ca.crt"
     assert any(v.get("configMap", {}).get("name") == "corp-ca" for v in pod["spec"]["volumes"])
-    assert "importer.env" in refused(
+    typo = refused(
         helm, *EVAL, "--set", "importer.env[0].name=X", "--set", "importer.env[0].vaule=y"
     )
+    assert "/importer/env/0" in typo and "vaule" in typo, typo

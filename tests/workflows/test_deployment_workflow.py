@@ -28,7 +28,7 @@ from kama.contracts import (
     wake_workflow_id,
 )
 from tests.workflows import scenarios
-from tests.workflows.fakes import CRASHES, NODES, STAYS_PENDING, condition
+from tests.workflows.fakes import CRASHES, NODES, STARTS_READY, STAYS_PENDING, condition
 from tests.workflows.scenarios import WORKFLOWS, Stage, staged
 from tests.workflows.time_skipping import TimeSkippingServer
 from workflows.deployment import DeploymentInput, DeploymentMemory, DeploymentWorkflow
@@ -83,6 +83,31 @@ async def test_a_fresh_report_of_a_stream_keeps_the_model_up(
             what="the scale-down once the silent gateway's report went stale",
         )
         assert await stage.env.get_current_time() - reported >= timedelta(seconds=12)
+        assert [s.replicas for s in scaled] == [0]
+
+
+async def test_the_idle_clock_starts_when_the_replica_is_serving(
+    time_skipping: TimeSkippingServer,
+) -> None:
+    """A replica that takes most of idleTimeout to load is not scaled away the moment
+    it becomes ready: nobody could have asked it anything yet."""
+    async with staged(time_skipping, pod_fate=STAYS_PENDING) as stage:
+        await scenarios.start_deployment(
+            stage, "slow-loader", scenarios.deployment_spec(replicas=1, idleTimeout="1m")
+        )
+        await stage.skip(timedelta(seconds=50))  # the model is still loading
+        stage.cluster.pod_fate = STARTS_READY
+        ready_at = await stage.env.get_current_time()
+        await stage.skip(timedelta(seconds=40))  # past idleTimeout since the start
+        assert not stage.cluster.called("Set deployment replicas"), (
+            "scaled to zero seconds after the replica became ready"
+        )
+        scaled = await stage.until(
+            lambda: stage.cluster.called("Set deployment replicas"),
+            within=timedelta(minutes=2),
+            what="the scale-down one idleTimeout after the replica was ready",
+        )
+        assert await stage.env.get_current_time() - ready_at >= timedelta(minutes=1)
         assert [s.replicas for s in scaled] == [0]
 
 
