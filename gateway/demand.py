@@ -2,8 +2,8 @@
 requests in flight to the model plus those it queues (for a replica at zero or a free
 slot), with the in-flight count per serving pod.
 
-Reports are sent economically (`ReportSchedule`): a rise at once (at most one report
-per MIN_GAP_S), a fall or an unchanged non-zero demand once a period
+Reports are sent economically (`ReportSchedule`): a rise at once (sampled as soon as
+a request arrives, at most one report per MIN_GAP_S), a fall or an unchanged non-zero demand once a period
 (`kama.autoscaling.report_period`, derived from the model's idleTimeout and
 scaleDownWindow, 5 s to 60 s), as the peak seen during that period, and nothing at
 rest. A steady load therefore costs one Temporal action per model per period instead
@@ -18,6 +18,7 @@ request for a model at zero starts a wake."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -34,7 +35,8 @@ from workflows.deployment import DeploymentWorkflow
 
 log = logging.getLogger("kama.gateway")
 
-SAMPLE_INTERVAL_S = 1.0
+SAMPLE_INTERVAL_S = 1.0  # without arrivals: falls, steady load and stale peaks
+RISE_COALESCE_S = 0.05  # arrivals this close together are one sample
 MIN_GAP_S = 2.0  # between two reports of one model
 # a stalled Temporal must not stall the reports of every other model behind one call
 REPORT_RPC_TIMEOUT = timedelta(seconds=2)
@@ -94,7 +96,7 @@ async def report_demand(
 ) -> None:
     schedules: dict[str, ReportSchedule] = {}
     while True:
-        await asyncio.sleep(SAMPLE_INTERVAL_S)
+        await next_sample(registry)
         now = time.monotonic()
         for key in set(schedules) - set(registry.models):
             del schedules[key]
@@ -112,6 +114,16 @@ async def report_demand(
                     pods=report.pods,
                 )
             await _signal(client, model=model, cluster=cluster, report=report)
+
+
+async def next_sample(registry: ModelRegistry) -> None:
+    """Wait until a request arrives (a rise is worth telling the workflow at once:
+    its scale-up window starts with the report) or SAMPLE_INTERVAL_S passes."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(SAMPLE_INTERVAL_S):
+            await registry.demand_rose.wait()
+            await asyncio.sleep(RISE_COALESCE_S)
+    registry.demand_rose.clear()
 
 
 async def _signal(client: Client, *, model: Model, cluster: str, report: DemandReport) -> None:

@@ -169,6 +169,9 @@ class ModelRegistry:
         # (namespace, pod, in flight) for the pod's drain workflow (gateway.drain_reports)
         self.drain_notices: deque[tuple[str, str, int]] = deque()
         self.drain_noticed = asyncio.Event()
+        # a request arrived (in flight, waiting for a slot or held at zero): demand may
+        # have risen, worth sampling now rather than at the next interval
+        self.demand_rose = asyncio.Event()
 
     # name resolution ------------------------------------------------------------
 
@@ -324,6 +327,7 @@ class ModelRegistry:
         endpoint.served += 1
         model.in_flight += 1
         model.requests_since_report += 1
+        self.demand_rose.set()
         series.begin()
         return Lease(model=model, endpoint=endpoint, series=series, registry=self)
 
@@ -341,6 +345,7 @@ class ModelRegistry:
             return None
         waiter = SlotWaiter(route, exclude, asyncio.get_running_loop().create_future())
         model.slot_waiters.append(waiter)
+        self.demand_rose.set()
         self.grant_slots(model)  # waiters that left are skipped; a free slot is granted now
         try:
             return await waiter.granted

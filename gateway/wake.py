@@ -159,6 +159,7 @@ class Waker:
                 retry_after_s=RETRY_AFTER_QUEUE_FULL_S,
             )
         model.held += 1
+        self.registry.demand_rose.set()
         self.metrics.queued.labels(model.key).inc()
         started = time.monotonic()
         try:

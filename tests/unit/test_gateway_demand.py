@@ -4,8 +4,16 @@ report holds, and the in-flight counts a draining pod's drain workflow waits for
 
 from __future__ import annotations
 
-from gateway.demand import ReportSchedule, current_demand, demand_report
+import asyncio
+import contextlib
+import time
+from typing import cast
+
+from temporalio.client import Client
+
+from gateway.demand import ReportSchedule, current_demand, demand_report, report_demand
 from gateway.registry import Model, ModelRegistry
+from kama.contracts import DemandReport
 from tests.unit.gateway_support import deployment, pod
 
 PERIOD = 30.0
@@ -92,3 +100,45 @@ def test_a_draining_pod_with_requests_here_is_announced_then_its_last_request() 
     registry.drain_notices.clear()
     lease.release()
     assert list(registry.drain_notices) == [("ns", busy, 0)]
+
+
+class SignalRecorder:
+    """Stands in for the Temporal client: when each demand signal was sent, and what."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[float, str, DemandReport]] = []
+
+    def get_workflow_handle(self, workflow_id: str) -> SignalRecorder.Handle:
+        return SignalRecorder.Handle(self, workflow_id)
+
+    class Handle:
+        def __init__(self, recorder: SignalRecorder, workflow_id: str) -> None:
+            self.recorder, self.workflow_id = recorder, workflow_id
+
+        async def signal(self, _signal: object, report: DemandReport, **_options: object) -> None:
+            self.recorder.sent.append((time.monotonic(), self.workflow_id, report))
+
+
+async def test_a_request_arriving_is_reported_at_once_not_at_the_next_interval() -> None:
+    """The workflow's scale-up window starts with the report: sampling only once a
+    second would add up to a second to every scale-out."""
+    registry, model = chat_registry()
+    recorder = SignalRecorder()
+    reporter = asyncio.create_task(
+        report_demand(registry=registry, client=cast(Client, recorder), cluster="", gateway="gw")
+    )
+    try:
+        await asyncio.sleep(0.1)  # the reporter is waiting for its next sample
+        arrived = time.monotonic()
+        lease = registry.acquire(model, route="chat", exclude=(), now=0.0)
+        assert lease is not None
+        while not recorder.sent and time.monotonic() - arrived < 2:
+            await asyncio.sleep(0.01)
+        [(sent_at, workflow_id, report)] = recorder.sent
+        assert sent_at - arrived < 0.5, f"reported {sent_at - arrived:.2f}s after the arrival"
+        assert workflow_id.startswith("deployment/ns/chat/") and report.demand == 1
+        lease.release()
+    finally:
+        reporter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reporter
