@@ -14,7 +14,11 @@ two sessions a prompt) and `distinct` (every session its own system prompt). Thi
 llama-server keeps prompt caches beyond its slots, so under LeastLoad a conversation
 pays a full prefill once per replica it visits, under PrefixAffinity once: the gap
 grows with how many replicas a conversation would otherwise visit and shrinks when
-sessions share their prefix anyway."""
+sessions share their prefix anyway.
+
+Then bounded load: one hot prefix (every request the same conversation start) from
+clients at 4x a replica's slots must still spread over both replicas; the benchmark
+fails if the less used one answers under a quarter of the requests."""
 
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ import httpx
 
 from kamadev.gguf_factory import ModelShape, write_model
 from tests.bench.bench_gateway import percentile, record
-from tests.conftest import GatewayProcess
+from tests.conftest import GatewayProcess, KamaControl
 from tests.integration.test_artifact_plane import cache, hf_artifact, wait_condition
 from tests.integration.test_serving_plane import deployment, serving_pods, wait_ready
 from tests.support import apply, eventually, kubectl
@@ -110,7 +114,76 @@ def test_prefix_affinity_against_least_load(
     results: dict[str, Any] = {"shape": SHAPE.__dict__ | {"file_type": SHAPE.file_type}}
     for scenario, prompts in SCENARIOS.items():
         results[scenario] = compare_strategies(gw, namespace, scenario, prompts=prompts)
+    results["hot_prefix"] = hot_prefix_spread(gw, namespace)
     record("prefix_affinity", results)
+    spread = results["hot_prefix"]["least_used_share"]
+    assert spread >= HOT_MIN_SHARE, f"one hot prefix stayed on one replica: {results['hot_prefix']}"
+
+
+HOT_CLIENTS = 8  # 4x one replica's 2 slots, every request the same conversation start
+HOT_REQUESTS = 3  # per client
+HOT_MIN_SHARE = 0.25  # of the requests, at least, on the less used replica
+
+
+def hot_prefix_spread(gw: GatewayProcess, namespace: str) -> dict[str, Any]:
+    """Bounded load: one prefix asked for at 4x a replica's slots spills over to the
+    other replica instead of queueing on its own (which replica answered each request
+    is the gateway's `x-kama-pod` header)."""
+    control, name = gw.control, "hot-affine"
+    start_deployment(control, namespace, name, strategy="PrefixAffinity")
+    messages = [
+        {"role": "system", "content": system_prompt(uuid.uuid4().hex[:6], 0)},
+        {"role": "user", "content": "the same question from everyone"},
+    ]
+
+    def client(_: int) -> list[str]:
+        pods = []
+        with httpx.Client(timeout=300) as http:
+            for _turn in range(HOT_REQUESTS):
+                response = http.post(
+                    f"{gw.url}/v1/chat/completions",
+                    json={"model": f"{namespace}/{name}", "messages": messages,
+                          "max_tokens": MAX_TOKENS, "temperature": 0},
+                )  # fmt: skip
+                assert response.status_code == 200, response.text
+                pods.append(response.headers["x-kama-pod"])
+        return pods
+
+    with concurrent.futures.ThreadPoolExecutor(HOT_CLIENTS) as pool:
+        answered = [pod for pods in pool.map(client, range(HOT_CLIENTS)) for pod in pods]
+    stop_deployment(control, namespace, name)
+    counts = {pod: answered.count(pod) for pod in sorted(set(answered))}
+    least = min(counts.values()) if len(counts) == 2 else 0
+    return {
+        "clients": HOT_CLIENTS,
+        "requests": len(answered),
+        "per_replica": list(counts.values()),
+        "least_used_share": round(least / len(answered), 3),
+    }
+
+
+def start_deployment(control: KamaControl, namespace: str, name: str, *, strategy: str) -> None:
+    """Two replicas of two slots with `strategy`, Ready."""
+    apply(
+        control.stack,
+        deployment(
+            namespace, name, "big", replicas=2,
+            runtime={"contextSize": 4096, "concurrency": 2}, resources={"cpu": "100m"},
+            scaling={"minReplicas": 2, "maxReplicas": 2, "idleTimeout": "1h"},
+            routing={"strategy": strategy},
+        ),
+    )  # fmt: skip
+    wait_ready(control, namespace, name, 2)
+
+
+def stop_deployment(control: KamaControl, namespace: str, name: str) -> None:
+    """Deleted and its pods gone, so the next one has both cores to itself."""
+    kubectl(control.stack, "delete", "modeldeployment", name, "-n", namespace, "--wait=false")
+    eventually(
+        lambda: not serving_pods(control, namespace, name),
+        timeout=180,
+        what=f"{name}'s pods gone",
+    )
 
 
 def compare_strategies(
@@ -122,23 +195,9 @@ def compare_strategies(
         (f"{scenario}-least", "LeastLoad"),
         (f"{scenario}-affine", "PrefixAffinity"),
     ):
-        apply(
-            control.stack,
-            deployment(
-                namespace, name, "big", replicas=2,
-                runtime={"contextSize": 4096, "concurrency": 2}, resources={"cpu": "100m"},
-                scaling={"minReplicas": 2, "maxReplicas": 2, "idleTimeout": "1h"},
-                routing={"strategy": strategy},
-            ),
-        )  # fmt: skip
-        wait_ready(control, namespace, name, 2)
+        start_deployment(control, namespace, name, strategy=strategy)
         results[strategy] = run_strategy(gw, namespace, name, prompts=prompts)
-        kubectl(control.stack, "delete", "modeldeployment", name, "-n", namespace, "--wait=false")
-        eventually(
-            lambda n=name: not serving_pods(control, namespace, n),  # type: ignore[misc]
-            timeout=180,
-            what=f"{name}'s pods gone",
-        )
+        stop_deployment(control, namespace, name)
     least, affine = results["LeastLoad"], results["PrefixAffinity"]
     results["ttft_p50_ratio"] = round(affine["ttft_p50_ms"] / least["ttft_p50_ms"], 3)
     results["ttft_p99_ratio"] = round(affine["ttft_p99_ms"] / least["ttft_p99_ms"], 3)
