@@ -11,7 +11,7 @@ setup: deps binaries
 
 deps:
 	@command -v uv >/dev/null 2>&1 || python3 -m pip install --quiet "uv==$(UV_VERSION)"
-	uv sync --frozen
+	uv sync --frozen --compile-bytecode
 
 binaries:
 	bash deploy/local/build-k8s.sh >/dev/null

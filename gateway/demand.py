@@ -36,7 +36,7 @@ from workflows.deployment import DeploymentWorkflow
 log = logging.getLogger("kama.gateway")
 
 SAMPLE_INTERVAL_S = 1.0  # without arrivals: falls, steady load and stale peaks
-RISE_COALESCE_S = 0.05  # arrivals this close together are one sample
+RISE_COALESCE_S = 0.2  # arrivals this close together (a burst) are one sample
 MIN_GAP_S = 2.0  # between two reports of one model
 # a stalled Temporal must not stall the reports of every other model behind one call
 REPORT_RPC_TIMEOUT = timedelta(seconds=2)
@@ -51,11 +51,15 @@ class ReportSchedule:
     sent_at: float = float("-inf")
     period_start: float = 0.0
     peak: int = 0  # the highest demand seen since period_start
+    rise_due: float | None = None  # when a rise held back by MIN_GAP_S may go out
 
     def sample(self, demand: int, *, now: float, period_s: float) -> int | None:
         self.peak = max(self.peak, demand)
-        if demand > self.sent and now - self.sent_at >= MIN_GAP_S:
-            return self._send(demand, now=now)
+        self.rise_due = None
+        if demand > self.sent:
+            if now - self.sent_at >= MIN_GAP_S:
+                return self._send(demand, now=now)
+            self.rise_due = self.sent_at + MIN_GAP_S
         if now - self.period_start < period_s:
             return None
         peak, self.peak, self.period_start = self.peak, demand, now
@@ -96,7 +100,9 @@ async def report_demand(
 ) -> None:
     schedules: dict[str, ReportSchedule] = {}
     while True:
-        await next_sample(registry)
+        held = [s.rise_due for s in schedules.values() if s.rise_due is not None]
+        within = min([SAMPLE_INTERVAL_S, *(due - time.monotonic() for due in held)])
+        await next_sample(registry, within=max(within, 0.0))
         now = time.monotonic()
         for key in set(schedules) - set(registry.models):
             del schedules[key]
@@ -116,11 +122,12 @@ async def report_demand(
             await _signal(client, model=model, cluster=cluster, report=report)
 
 
-async def next_sample(registry: ModelRegistry) -> None:
+async def next_sample(registry: ModelRegistry, *, within: float) -> None:
     """Wait until a request arrives (a rise is worth telling the workflow at once:
-    its scale-up window starts with the report) or SAMPLE_INTERVAL_S passes."""
+    its scale-up window starts with the report) or `within` seconds pass (the sample
+    interval, or less when a rise held back by MIN_GAP_S may go out sooner)."""
     with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(SAMPLE_INTERVAL_S):
+        async with asyncio.timeout(within):
             await registry.demand_rose.wait()
             await asyncio.sleep(RISE_COALESCE_S)
     registry.demand_rose.clear()

@@ -15,14 +15,21 @@ import gc
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
 
-from kama.config import Settings
+from kamactl.errors import TemporalSetupError
 from kamactl.logs import configure_logging
+
+if TYPE_CHECKING:  # imported where used: `kama runtime` starts every serving pod and
+    # needs neither the settings nor the Temporal SDK they bring in
+    from kama.config import Settings
 
 QUIET_COMMANDS = frozenset({"status", "version"})  # a person reads their stdout
 
 
 def _settings() -> Settings:
+    from kama.config import Settings
+
     try:
         return Settings.from_env(os.environ)
     except ValueError as exc:  # e.g. a KAMA_CLUSTER that cannot prefix workflow IDs
@@ -163,8 +170,6 @@ EX_CONFIG = 78  # sysexits.h: Temporal (or a setting) is not configured as Kama 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kamactl.clients import TemporalSetupError
-
     args = build_parser().parse_args(argv)
     try:  # one log format for every process (KAMA_LOG_FORMAT, KAMA_LOG_LEVEL)
         configure_logging(

@@ -32,6 +32,7 @@ from kama.temporal_setup import (
     search_attribute_problems,
     search_attribute_report,
 )
+from kamactl.errors import TemporalSetupError
 
 log = logging.getLogger("kama")
 
@@ -41,11 +42,6 @@ DEFAULT_TEMPORAL_NAMESPACE = "default"
 # a namespace's search attributes may be unreadable with the process's credentials
 # (a Temporal Cloud API key without the operator role): then the check is skipped
 _UNCHECKABLE = (RPCStatusCode.PERMISSION_DENIED, RPCStatusCode.UNIMPLEMENTED)
-
-
-class TemporalSetupError(Exception):
-    """Temporal is reachable but not ready for Kama (the message says how to fix it):
-    the process exits with EX_CONFIG instead of failing on its first workflow."""
 
 
 def kube_api() -> k8s.ApiClient:

@@ -13,6 +13,7 @@ phase's share of the median trial."""
 
 from __future__ import annotations
 
+import datetime
 import statistics
 import subprocess
 import threading
@@ -33,7 +34,7 @@ from kamadev.processes import free_port
 from tests.bench.bench_gateway import record
 from tests.conftest import GatewayProcess
 from tests.integration.test_artifact_plane import cache, hf_artifact, wait_condition
-from tests.integration.test_serving_plane import deployment, wait_ready
+from tests.integration.test_serving_plane import deployment, serving_pods, wait_ready
 from tests.support import apply, eventually, kubectl
 
 TRIALS = 3
@@ -111,8 +112,9 @@ def one_trial(gw: GatewayProcess, namespace: str, name: str) -> dict[str, float]
         p.metadata.name for p in core.list_namespaced_pod(namespace, label_selector=selector).items
     }
     seen: dict[str, float] = {}
+    new_pod = ""
     with streams(gw.url, f"{namespace}/{name}", 2):
-        started = time.perf_counter()
+        started, wall = time.perf_counter(), time.time()
         while "ready" not in seen:
             now = time.perf_counter() - started
             assert now < 120, f"no second replica within 120 s: {seen}"
@@ -123,13 +125,23 @@ def one_trial(gw: GatewayProcess, namespace: str, name: str) -> dict[str, float]
                 if p.metadata.name not in before
             ]  # fmt: skip
             if pods and "created" not in seen:
-                seen["created"] = now
+                seen["created"], new_pod = now, pods[0].metadata.name
             if pods and "running" not in seen and pods[0].status.phase == "Running":
                 seen["running"] = now
             if pods and ready_at(pods[0]):
                 seen["ready"] = now
             time.sleep(POLL_S)
+    log = core.read_namespaced_pod_log(new_pod, namespace)
+    seen["llama_started"] = supervisor_time(log, "starting llama-server") - wall
     return seen
+
+
+def supervisor_time(log: str, message: str) -> float:
+    """The wall-clock time of the runtime supervisor's first log line with `message`
+    (its `%(asctime)s`, local time with milliseconds)."""
+    line = next(line for line in log.splitlines() if message in line)
+    stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+    return stamp.timestamp()
 
 
 def desired_replicas(custom: k8s.CustomObjectsApi, namespace: str, name: str) -> int:
@@ -148,35 +160,29 @@ def test_scale_out_reaction(gateway: GatewayProcess, namespace: str, tmp_path: P
         hf_artifact(namespace, "scaler-model", repo, ["model.gguf"]),
     )
     wait_condition(control, namespace, "scaler-model", "Ready")
-    apply(
-        control.stack,
-        deployment(
-            namespace, "scaler", "scaler-model", replicas=1,
-            runtime={"contextSize": CONTEXT, "concurrency": 1}, resources={"cpu": "100m"},
-            scaling={"minReplicas": 1, "maxReplicas": 2, "targetUtilizationPercent": 100,
-                     "scaleUpWindow": f"{SCALE_UP_WINDOW_S:g}s", "scaleDownWindow": "1h",
-                     "idleTimeout": "1h", "drainTimeout": "5s"},
-        ),
-    )  # fmt: skip
-    wait_ready(control, namespace, "scaler", 1)
     trials: list[dict[str, float]] = []
     baselines: list[float] = []
-    for _ in range(TRIALS):
-        baselines.append(llama_load_time(control.stack.binaries.llama_server, model_file))
-        trials.append(one_trial(gw, namespace, "scaler"))
-        kubectl(
-            control.stack, "scale", "modeldeployment", "scaler", "-n", namespace, "--replicas=1"
-        )
-        eventually(
-            lambda: len(
-                control.stack.core().list_namespaced_pod(
-                    namespace, label_selector="kama.dev/deployment=scaler"
-                ).items
-            ) == 1,
-            timeout=120,
-            what="back to one replica",
+    for number in range(TRIALS):  # a fresh deployment each: no demand left from before
+        name = f"scaler-{number}"
+        apply(
+            control.stack,
+            deployment(
+                namespace, name, "scaler-model", replicas=1,
+                runtime={"contextSize": CONTEXT, "concurrency": 1}, resources={"cpu": "100m"},
+                scaling={"minReplicas": 1, "maxReplicas": 2, "targetUtilizationPercent": 100,
+                         "scaleUpWindow": f"{SCALE_UP_WINDOW_S:g}s", "scaleDownWindow": "1h",
+                         "idleTimeout": "1h", "drainTimeout": "5s"},
+            ),
         )  # fmt: skip
-        wait_ready(control, namespace, "scaler", 1)
+        wait_ready(control, namespace, name, 1)
+        baselines.append(llama_load_time(control.stack.binaries.llama_server, model_file))
+        trials.append(one_trial(gw, namespace, name))
+        kubectl(control.stack, "delete", "modeldeployment", name, "-n", namespace, "--wait=false")
+        eventually(
+            lambda n=name: not serving_pods(control, namespace, n),  # type: ignore[misc]
+            timeout=180,
+            what=f"{name}'s pods gone",
+        )
     median = sorted(trials, key=lambda t: t["ready"])[len(trials) // 2]
     baseline = statistics.median(baselines)
     share = median["ready"] - SCALE_UP_WINDOW_S - baseline
@@ -191,7 +197,8 @@ def test_scale_out_reaction(gateway: GatewayProcess, namespace: str, tmp_path: P
                 "demand_to_scale_decision_s": round(median["scaled"], 3),
                 "decision_to_pod_created_s": round(median["created"] - median["scaled"], 3),
                 "created_to_running_s": round(median["running"] - median["created"], 3),
-                "running_to_ready_s": round(median["ready"] - median["running"], 3),
+                "running_to_llama_started_s": round(median["llama_started"] - median["running"], 3),
+                "llama_started_to_ready_s": round(median["ready"] - median["llama_started"], 3),
                 "llama_server_load_s": round(baseline, 3),
                 "control_plane_share_s": round(share, 3),
                 "ready_over_baseline_ratio": round(median["ready"] / baseline, 2),

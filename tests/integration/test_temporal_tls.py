@@ -28,7 +28,8 @@ from temporalio.api.workflowservice.v1 import (
 from temporalio.client import Client
 
 from kama.config import Settings
-from kamactl.clients import TemporalSetupError, connect_temporal
+from kamactl.clients import connect_temporal
+from kamactl.errors import TemporalSetupError
 from kamadev.binaries import REPO_ROOT, ensure_binaries
 from kamadev.pki import CertificateAuthority
 from kamadev.processes import ManagedProcess

@@ -11,7 +11,13 @@ from typing import cast
 
 from temporalio.client import Client
 
-from gateway.demand import ReportSchedule, current_demand, demand_report, report_demand
+from gateway.demand import (
+    MIN_GAP_S,
+    ReportSchedule,
+    current_demand,
+    demand_report,
+    report_demand,
+)
 from gateway.registry import Model, ModelRegistry
 from kama.contracts import DemandReport
 from tests.unit.gateway_support import deployment, pod
@@ -138,6 +144,41 @@ async def test_a_request_arriving_is_reported_at_once_not_at_the_next_interval()
         assert sent_at - arrived < 0.5, f"reported {sent_at - arrived:.2f}s after the arrival"
         assert workflow_id.startswith("deployment/ns/chat/") and report.demand == 1
         lease.release()
+    finally:
+        reporter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reporter
+
+
+def test_a_rise_held_back_by_the_gap_is_due_when_the_gap_ends() -> None:
+    schedule = ReportSchedule()
+    assert schedule.sample(1, now=10.0, period_s=PERIOD) == 1
+    assert schedule.sample(3, now=10.4, period_s=PERIOD) is None
+    assert schedule.rise_due == 12.0, "the reporter wakes exactly then, not at a later tick"
+    assert schedule.sample(3, now=12.0, period_s=PERIOD) == 3
+    assert schedule.rise_due is None
+
+
+async def test_a_held_rise_goes_out_as_the_gap_ends() -> None:
+    registry, model = chat_registry()
+    recorder = SignalRecorder()
+    reporter = asyncio.create_task(
+        report_demand(registry=registry, client=cast(Client, recorder), cluster="", gateway="gw")
+    )
+    try:
+        first = registry.acquire(model, route="chat", exclude=(), now=0.0)
+        while not recorder.sent:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.5)
+        second = registry.acquire(model, route="chat", exclude=(), now=0.0)
+        while len(recorder.sent) < 2:
+            await asyncio.sleep(0.01)
+        (one, _, report_one), (two, _, report_two) = recorder.sent[:2]
+        assert (report_one.demand, report_two.demand) == (1, 2)
+        assert MIN_GAP_S <= two - one < MIN_GAP_S + 0.3, f"{two - one:.2f}s between reports"
+        for lease in (first, second):
+            assert lease is not None
+            lease.release()
     finally:
         reporter.cancel()
         with contextlib.suppress(asyncio.CancelledError):
