@@ -55,6 +55,11 @@ log = logging.getLogger("kama.runtime")
 PLAN_ENV = "KAMA_SERVING_PLAN"
 LLAMA_SERVER_ENV = "KAMA_LLAMA_SERVER"
 PROBE_TIMEOUT_S = 2.0
+# while llama-server is still loading, a readiness probe waits this long for it (under
+# the kubelet's default 1 s probe timeout) instead of failing at once: the replica is
+# Ready at the probe that sees it load, not one probe period (1 s) later
+LOADING_WAIT_S = 0.7
+LOADING_POLL_S = 0.05
 DRAIN_POLL_S = 0.5
 STOP_GRACE_S = 10.0
 
@@ -158,6 +163,7 @@ class Supervisor:
         self.models_dir = models_dir
         self.draining = threading.Event()
         self.child: subprocess.Popen[bytes] | None = None
+        self.was_ready = False  # llama-server has loaded (probes no longer wait)
 
     def _get(self, path: str) -> tuple[int, Any]:
         """GET one of llama-server's own routes (stdlib http.client: importing httpx
@@ -203,6 +209,21 @@ class Supervisor:
             )
         return True, "ready"
 
+    def ready_when_loaded(self, *, wait_s: float = LOADING_WAIT_S) -> tuple[bool, str]:
+        """`ready()`, waiting up to `wait_s` for llama-server to finish loading the
+        first time (afterwards, and while draining, it answers at once)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            ok, why = self.ready()
+            if ok:
+                self.was_ready = True
+            running = self.child is not None and self.child.poll() is None
+            if ok or self.was_ready or not running or self.draining.is_set():
+                return ok, why
+            if time.monotonic() + LOADING_POLL_S > deadline:
+                return ok, why
+            time.sleep(LOADING_POLL_S)
+
     def busy_slots(self) -> int:
         try:
             _, slots = self._get("/slots")
@@ -238,7 +259,7 @@ class Supervisor:
 
             def do_GET(self) -> None:
                 if self.path == "/readyz":
-                    ok, why = supervisor.ready()
+                    ok, why = supervisor.ready_when_loaded()
                 elif self.path == "/livez":
                     ok = supervisor.child is not None and supervisor.child.poll() is None
                     why = "alive" if ok else "llama-server exited"
