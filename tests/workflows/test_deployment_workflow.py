@@ -60,6 +60,23 @@ async def test_busy_slots_count_as_demand(time_skipping: TimeSkippingServer) -> 
         assert [s.replicas for s in scaled] == [0]
 
 
+async def scaled_to_zero_only_after(
+    stage: Stage, wait: timedelta, *, kept_for: timedelta, why: str
+) -> None:
+    """From now, still at one replica after `kept_for`, then scaled to zero, but not
+    before `wait` has passed."""
+    since = await stage.env.get_current_time()
+    await stage.skip(kept_for)
+    assert not stage.cluster.called("Set deployment replicas"), f"scaled to zero {why}"
+    scaled = await stage.until(
+        lambda: stage.cluster.called("Set deployment replicas"),
+        within=wait * 2,
+        what=f"the scale-down {wait} from now",
+    )
+    assert await stage.env.get_current_time() - since >= wait
+    assert [s.replicas for s in scaled] == [0]
+
+
 async def test_a_fresh_report_of_a_stream_keeps_the_model_up(
     time_skipping: TimeSkippingServer,
 ) -> None:
@@ -72,18 +89,12 @@ async def test_a_fresh_report_of_a_stream_keeps_the_model_up(
         await deployment.handle.signal(
             DeploymentWorkflow.demand, DemandReport(gateway="gw-slow", in_flight=1)
         )
-        reported = await stage.env.get_current_time()
-        await stage.skip(timedelta(seconds=10))
-        assert not stage.cluster.called("Set deployment replicas"), (
-            "scaled to zero under a stream a gateway reported in flight"
+        await scaled_to_zero_only_after(
+            stage,
+            timedelta(seconds=12),
+            kept_for=timedelta(seconds=10),
+            why="under a stream a gateway reported in flight",
         )
-        scaled = await stage.until(
-            lambda: stage.cluster.called("Set deployment replicas"),
-            within=timedelta(seconds=30),
-            what="the scale-down once the silent gateway's report went stale",
-        )
-        assert await stage.env.get_current_time() - reported >= timedelta(seconds=12)
-        assert [s.replicas for s in scaled] == [0]
 
 
 async def test_the_idle_clock_starts_when_the_replica_is_serving(
@@ -97,18 +108,12 @@ async def test_the_idle_clock_starts_when_the_replica_is_serving(
         )
         await stage.skip(timedelta(seconds=50))  # the model is still loading
         stage.cluster.pod_fate = STARTS_READY
-        ready_at = await stage.env.get_current_time()
-        await stage.skip(timedelta(seconds=40))  # past idleTimeout since the start
-        assert not stage.cluster.called("Set deployment replicas"), (
-            "scaled to zero seconds after the replica became ready"
+        await scaled_to_zero_only_after(
+            stage,
+            timedelta(minutes=1),
+            kept_for=timedelta(seconds=40),  # past idleTimeout since the start
+            why="seconds after the replica became ready",
         )
-        scaled = await stage.until(
-            lambda: stage.cluster.called("Set deployment replicas"),
-            within=timedelta(minutes=2),
-            what="the scale-down one idleTimeout after the replica was ready",
-        )
-        assert await stage.env.get_current_time() - ready_at >= timedelta(minutes=1)
-        assert [s.replicas for s in scaled] == [0]
 
 
 async def test_wake_scales_from_zero_until_a_replica_is_ready(
