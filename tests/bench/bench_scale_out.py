@@ -6,16 +6,15 @@ node starting the pod, the runtime verifying the artifact and starting llama-ser
 the readiness probe, the status reaching the API server).
 
 The baseline, measured in the same run on the same model file: llama-server's own
-load time (process start until `/health` answers 200), started directly. What is left
+load time (process start until `/health` answers 200), started directly with the
+replicas' flags. What is left
 after the baseline and the configured scale-up window is the control plane's share
 (the issue's goal: at most 2 s). Written to bench-results/scale_out.json with each
 phase's share of the median trial."""
 
 from __future__ import annotations
 
-import datetime
 import statistics
-import subprocess
 import threading
 import time
 import uuid
@@ -29,9 +28,9 @@ from kubernetes import client as k8s
 
 from kama.api import GROUP, VERSION
 from kama.contracts import DEPLOYMENTS
+from kama.serving_plan import ServingPlan
 from kamadev.gguf_factory import ModelShape, write_model
-from kamadev.processes import free_port
-from tests.bench.bench_gateway import record
+from tests.bench.bench_gateway import llama_start_to_healthy, record, runtime_started_at
 from tests.conftest import GatewayProcess
 from tests.integration.test_artifact_plane import cache, hf_artifact, wait_condition
 from tests.integration.test_serving_plane import deployment, serving_pods, wait_ready
@@ -42,31 +41,6 @@ CONTEXT = 2048
 SCALE_UP_WINDOW_S = 1.0
 POLL_S = 0.02
 SHAPE = ModelShape(n_layer=2, n_ctx=CONTEXT, seed=97)
-
-
-def llama_load_time(binary: Path, model: Path) -> float:
-    """Seconds from starting llama-server on `model` until `/health` answers 200."""
-    port = free_port()
-    started = time.perf_counter()
-    child = subprocess.Popen(
-        [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
-         "-c", str(CONTEXT), "-np", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        with httpx.Client(timeout=1) as client:
-            while True:
-                try:
-                    if client.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                        return time.perf_counter() - started
-                except httpx.TransportError:
-                    pass
-                assert child.poll() is None, "llama-server exited"
-                assert time.perf_counter() - started < 60, "llama-server did not load"
-                time.sleep(0.005)
-    finally:
-        child.terminate()
-        child.wait(timeout=30)
 
 
 @contextmanager
@@ -131,17 +105,9 @@ def one_trial(gw: GatewayProcess, namespace: str, name: str) -> dict[str, float]
             if pods and ready_at(pods[0]):
                 seen["ready"] = now
             time.sleep(POLL_S)
-    log = core.read_namespaced_pod_log(new_pod, namespace)
-    seen["llama_started"] = supervisor_time(log, "starting llama-server") - wall
+    started_llama = runtime_started_at(gw.control, namespace, {"metadata": {"name": new_pod}})
+    seen["llama_started"] = started_llama - wall
     return seen
-
-
-def supervisor_time(log: str, message: str) -> float:
-    """The wall-clock time of the runtime supervisor's first log line with `message`
-    (its `%(asctime)s`, local time with milliseconds)."""
-    line = next(line for line in log.splitlines() if message in line)
-    stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
-    return stamp.timestamp()
 
 
 def desired_replicas(custom: k8s.CustomObjectsApi, namespace: str, name: str) -> int:
@@ -160,6 +126,10 @@ def test_scale_out_reaction(gateway: GatewayProcess, namespace: str, tmp_path: P
         hf_artifact(namespace, "scaler-model", repo, ["model.gguf"]),
     )
     wait_condition(control, namespace, "scaler-model", "Ready")
+    # llama-server started directly with the replicas' own flags
+    plan = ServingPlan(
+        entrypoint=model_file.name, manifest_digest="0" * 64, ctx_total=CONTEXT, concurrency=1
+    )
     trials: list[dict[str, float]] = []
     baselines: list[float] = []
     for number in range(TRIALS):  # a fresh deployment each: no demand left from before
@@ -175,7 +145,9 @@ def test_scale_out_reaction(gateway: GatewayProcess, namespace: str, tmp_path: P
             ),
         )  # fmt: skip
         wait_ready(control, namespace, name, 1)
-        baselines.append(llama_load_time(control.stack.binaries.llama_server, model_file))
+        baselines.append(
+            llama_start_to_healthy(control.stack.binaries.llama_server, model_file, plan)
+        )
         trials.append(one_trial(gw, namespace, name))
         kubectl(control.stack, "delete", "modeldeployment", name, "-n", namespace, "--wait=false")
         eventually(
