@@ -181,8 +181,12 @@ def deployment_spec(*, replicas: int, **scaling: str | int) -> dict[str, Any]:
     }
 
 
-async def start_deployment(stage: Stage, name: str, spec: dict[str, Any]) -> Deployment:
-    ref = new_ref(name)
+async def start_deployment(
+    stage: Stage, name: str, spec: dict[str, Any], *, ref: ObjectRef | None = None
+) -> Deployment:
+    """The DeploymentWorkflow of `spec`, as the watcher starts it (`ref`: another
+    cluster's or namespace's object; a new one named `name` by default)."""
+    ref = ref or new_ref(name)
     snapshot = EntitySnapshot(ref=ref, generation=1, spec=spec)
     workflow_id = deployment_workflow_id(ref)
     stage.cluster.watch(workflow_id, snapshot)

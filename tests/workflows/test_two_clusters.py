@@ -17,16 +17,13 @@ from temporalio.worker import Worker
 from kama.config import Settings
 from kama.contracts import (
     SPEC_CHANGED,
-    EntitySnapshot,
     ObjectRef,
-    deployment_workflow_id,
     drain_workflow_id,
 )
 from tests.workflows import scenarios
 from tests.workflows.fakes import NAMESPACE, FakeCluster, FakeImporter
 from tests.workflows.scenarios import WORKFLOWS, Deployment, Stage
 from tests.workflows.time_skipping import TimeSkippingServer
-from workflows.deployment import DeploymentInput, DeploymentWorkflow
 
 
 @contextlib.asynccontextmanager
@@ -45,16 +42,10 @@ async def cluster_stage(server: TimeSkippingServer, *, settings: Settings) -> As
 
 
 async def _serving(stage: Stage, ref: ObjectRef) -> Deployment:
-    snapshot = EntitySnapshot(ref=ref, generation=1, spec=scenarios.deployment_spec(replicas=1))
-    workflow_id = deployment_workflow_id(ref)
-    stage.cluster.watch(workflow_id, snapshot)
-    handle = await stage.client.start_workflow(
-        DeploymentWorkflow.run,
-        DeploymentInput(snapshot=snapshot),
-        id=workflow_id,
-        task_queue=stage.task_queue,
+    deployment = await scenarios.start_deployment(
+        stage, ref.name, scenarios.deployment_spec(replicas=1), ref=ref
     )
-    deployment = Deployment(ref=ref, snapshot=snapshot, handle=handle, started=[workflow_id])
+    workflow_id = deployment.started[0]
     await stage.until(
         lambda: deployment.condition(stage, "RuntimeReady").get("status") == "True",
         within=timedelta(minutes=1),
