@@ -73,6 +73,22 @@ def ensure_helm() -> Path:
 
 
 @dataclass(frozen=True)
+class NodeBinaries:
+    """deploy/local/build-node.sh's output: kubelet, containerd, CNI plugins, ... in
+    `bin`, and the pause and CoreDNS images as OCI archives in `images`."""
+
+    bin: Path
+
+    @property
+    def images(self) -> Path:
+        return self.bin.parent / "images"
+
+
+def ensure_node_binaries() -> NodeBinaries:
+    return NodeBinaries(bin=_run_build("build-node.sh"))
+
+
+@dataclass(frozen=True)
 class BuiltImage:
     """One image from deploy/images/build.sh: an OCI layout and its oci-archive."""
 

@@ -57,8 +57,13 @@ def write_kubeconfig(*, path: Path, server: str, ca: Path, user: CertPair, name:
 class LocalCluster:
     """etcd → kube-apiserver → scheduler → controller-manager, started in that order."""
 
-    def __init__(self, *, binaries: Binaries, workdir: Path, stack_id: str) -> None:
+    def __init__(
+        self, *, binaries: Binaries, workdir: Path, stack_id: str, api_address: str = "127.0.0.1"
+    ) -> None:
+        """`api_address`: where kube-apiserver listens and what it advertises; real nodes
+        in their own network namespaces reach it at their bridge's host address."""
         self.binaries = binaries
+        self.api_address = api_address
         self.workdir = workdir
         self.stack_id = stack_id
         self.processes: list[ManagedProcess] = []
@@ -82,14 +87,14 @@ class LocalCluster:
     def start(self) -> ClusterEndpoints:
         ca = CertificateAuthority(directory=self.pki_dir)
         sa_key, sa_pub = write_service_account_key(directory=self.pki_dir)
-        api_port = free_port()
-        server = f"https://127.0.0.1:{api_port}"
+        api_port = free_port(host=self.api_address)
+        server = f"https://{self.api_address}:{api_port}"
         serving = ca.issue(
             name="apiserver",
             common_name="kube-apiserver",
             server=True,
             dns_names=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
-            ip_addresses=("127.0.0.1", "10.96.0.1"),
+            ip_addresses=tuple(dict.fromkeys(("127.0.0.1", self.api_address, "10.96.0.1"))),
         )
         admin = ca.issue(
             name="admin", common_name="kama-admin", organization="system:masters", client=True
@@ -156,10 +161,12 @@ class LocalCluster:
             [
                 str(self.binaries.k8s("kube-apiserver")),
                 f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                # the `kubernetes` Service cannot point at loopback; nothing in the stack needs it
-                "--endpoint-reconciler-type=none",
+                f"--bind-address={self.api_address}",
+                f"--advertise-address={self.api_address}",
+                # the `kubernetes` Service cannot point at loopback: pods of the process
+                # node reach the API server directly; on real nodes it is what pods use
+                "--endpoint-reconciler-type="
+                + ("none" if self.api_address.startswith("127.") else "lease"),
                 f"--secure-port={api_port}",
                 f"--tls-cert-file={serving.cert}",
                 f"--tls-private-key-file={serving.key}",

@@ -22,11 +22,20 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from kamadev.binaries import REPO_ROOT, Binaries, ensure_binaries
+from kamadev.binaries import (
+    REPO_ROOT,
+    Binaries,
+    build_images,
+    ensure_binaries,
+    ensure_node_binaries,
+)
 from kamadev.cluster import ClusterEndpoints, LocalCluster
 from kamadev.processes import ManagedProcess, free_port, sweep, wait_until
 from kamadev.processnode.config import NodeConfig
 from kamadev.processnode.node import FAKE_NODE_LABEL
+from kamadev.realnode.addresses import SERVICE_OCTET
+from kamadev.realnode.node import NodeImage
+from kamadev.realnode.nodes import RealNodes
 from kamadev.temporal import TemporalDevServer, TemporalEndpoints
 
 log = logging.getLogger("kamadev")
@@ -94,20 +103,26 @@ class PodNetwork:
     from, held with a lock file for the stack's life, so two stacks on one machine (a
     test suite's and `make dev`'s) never hand out the same pod IP."""
 
-    prefix: str
+    octet: int
     lock: IO[bytes]
+
+    @property
+    def prefix(self) -> str:
+        return f"127.{self.octet}"
 
     @classmethod
     def claim(cls) -> PodNetwork:
         POD_NETWORK_LOCKS.mkdir(exist_ok=True)
         for octet in range(1, 255):  # 127.0.x.x is the host's own services
+            if octet == SERVICE_OCTET:  # real nodes use 10.<octet>: not the service range
+                continue
             lock = (POD_NETWORK_LOCKS / f"127.{octet}.lock").open("ab")
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 lock.close()
                 continue
-            return cls(prefix=f"127.{octet}", lock=lock)
+            return cls(octet=octet, lock=lock)
         raise RuntimeError(f"every pod network is taken (locks in {POD_NETWORK_LOCKS})")
 
     def release(self) -> None:
@@ -115,7 +130,11 @@ class PodNetwork:
 
 
 class LocalStack:
-    def __init__(self, *, workdir: Path | None = None, with_temporal: bool = True) -> None:
+    def __init__(
+        self, *, workdir: Path | None = None, with_temporal: bool = True, real_nodes: int = 0
+    ) -> None:
+        """`real_nodes`: that many real nodes (kubelet, containerd, kube-proxy; see
+        kamadev.realnode) instead of the process node."""
         self.stack_id = uuid.uuid4().hex[:12]
         self._own_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="kama-stack-"))
@@ -134,6 +153,15 @@ class LocalStack:
         self._temporal: TemporalEndpoints | None = None
         self.image_map_path = self.workdir / "images.yaml"
         self._pod_network: PodNetwork | None = None
+        self.real_nodes: RealNodes | None = None
+        if real_nodes:
+            self.real_nodes = RealNodes(
+                count=real_nodes,
+                octet=self._claim_pod_network().octet,
+                workdir=self.workdir / "nodes",
+                binaries=ensure_node_binaries(),
+                stack_id=self.stack_id,
+            )
 
     # endpoints ----------------------------------------------------------------
 
@@ -179,15 +207,34 @@ class LocalStack:
         try:
             if self.with_temporal:
                 self._temporal = self.temporal_server.start()
+            if self.real_nodes is not None:
+                self.cluster.api_address = self.real_nodes.prepare_network()
             self._cluster = self.cluster.start()
-            self._start_node()
-            self._wait_node_ready()
+            if self.real_nodes is not None:
+                self._start_real_nodes(self.real_nodes)
+            else:
+                self._start_node()
+                self._wait_node_ready()
             self._wait_default_service_account()
         except BaseException:
             self.stop()
             raise
         self.startup_seconds = time.monotonic() - started
         return self
+
+    def _start_real_nodes(self, nodes: RealNodes) -> None:
+        assert self._cluster is not None
+        built = build_images()
+        images = [
+            NodeImage.from_archive(built["kama"].archive).named(KAMA_IMAGE),
+            NodeImage.from_archive(built["kama-llama-server"].archive).named(KAMA_LLAMA_IMAGE),
+        ]
+        nodes.start(
+            api=self.api_client(),
+            api_server=self._cluster.server,
+            ca=self.cluster.ca,
+            images=images,
+        )
 
     def _start_node(self) -> None:
         assert self._cluster is not None
@@ -306,6 +353,8 @@ class LocalStack:
 
     def check_alive(self) -> None:
         self.cluster.check_alive()
+        if self.real_nodes is not None:
+            self.real_nodes.check_alive()
         if self.node_process is not None:
             self.node_process.check_alive()
 
@@ -314,6 +363,8 @@ class LocalStack:
         if self.node_process is not None:
             self.node_process.stop(grace=15)
             self.node_process = None
+        if self.real_nodes is not None:
+            self.real_nodes.stop()
         self.cluster.stop()
         self.temporal_server.stop()
         if self._pod_network is not None:

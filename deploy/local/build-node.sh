@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Builds what a real Kubernetes node needs on top of the control plane, from Go
+# modules, into ~/.cache/kama/node/<key>/bin: kubelet and kube-proxy (the control
+# plane's pinned release), containerd 2.x with ctr and the runc shim, the CNI plugins
+# a bridge network uses, crictl, CoreDNS, and the static `pause` of Kubernetes' own
+# source. runc, iptables and conntrack come from Debian (`make node-packages`).
+# Serialised with flock and skipped when every binary is present, like build-k8s.sh.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+K8S_VERSION="${KAMA_K8S_VERSION:-v1.37.2}"
+CONTAINERD_VERSION="${KAMA_CONTAINERD_VERSION:-v2.4.2}"
+CNI_VERSION="${KAMA_CNI_VERSION:-v1.10.0}"
+CRI_TOOLS_VERSION="${KAMA_CRI_TOOLS_VERSION:-v1.37.0}"
+COREDNS_VERSION="${KAMA_COREDNS_VERSION:-v1.14.7}"
+CACHE_ROOT="${KAMA_CACHE_DIR:-$HOME/.cache/kama}"
+OUT="$CACHE_ROOT/node/k8s$K8S_VERSION-containerd$CONTAINERD_VERSION-cni$CNI_VERSION-coredns$COREDNS_VERSION"
+BIN="$OUT/bin"
+CNI_PLUGINS=(bridge host-local loopback portmap)
+BINARIES=(kubelet kube-proxy containerd ctr containerd-shim-runc-v2 crictl coredns pause "${CNI_PLUGINS[@]}")
+# single-binary OCI archives for containerd (imported, never pulled)
+IMAGES=(pause coredns)
+PAUSE_REF="registry.k8s.io/pause:3.10"
+COREDNS_REF="kama.dev/coredns:$COREDNS_VERSION"
+EPOCH="${SOURCE_DATE_EPOCH:-1704067200}"
+
+log() { printf '[build-node %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+# runc, iptables (kube-proxy, portmap) and conntrack come from Debian
+ensure_packages() {
+  local missing=()
+  command -v runc >/dev/null || [[ -x /usr/sbin/runc ]] || missing+=(runc)
+  command -v iptables >/dev/null || [[ -x /usr/sbin/iptables ]] || missing+=(iptables)
+  command -v conntrack >/dev/null || [[ -x /usr/sbin/conntrack ]] || missing+=(conntrack)
+  ((${#missing[@]})) || return 0
+  if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null; then
+    log "installing ${missing[*]} from Debian"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") >&2
+  else
+    echo "build-node: need ${missing[*]} (Debian: apt-get install ${missing[*]})" >&2
+    exit 1
+  fi
+}
+ensure_packages
+
+all_present() {
+  for b in "${BINARIES[@]}"; do [[ -x "$BIN/$b" ]] || return 1; done
+  for i in "${IMAGES[@]}"; do [[ -f "$OUT/images/$i.tar" ]] || return 1; done
+}
+
+if all_present; then
+  log "cached: $BIN"
+  echo "$BIN"
+  exit 0
+fi
+
+for tool in go gcc; do
+  if ! command -v "$tool" >/dev/null 2>&1; then
+    echo "build-node: $tool is not installed (need go >= 1.26 and gcc on PATH)" >&2
+    exit 1
+  fi
+done
+
+mkdir -p "$BIN" "$OUT/src"
+exec 9>"$OUT/.build.lock"
+flock 9
+if all_present; then echo "$BIN"; exit 0; fi
+
+# `go install module/cmd@version` builds a released module exactly as published
+install_tool() {  # <binary> <package@version> [build tags]
+  local name="$1" pkg="$2" tags="${3:-}"
+  [[ -x "$BIN/$name" ]] && return 0
+  log "building $name ($pkg)"
+  local tmp="$OUT/src/gobin-$name"
+  rm -rf "$tmp" && mkdir -p "$tmp"
+  GOBIN="$tmp" CGO_ENABLED=0 go install -trimpath -tags "$tags" -ldflags "-s -w" "$pkg"
+  mv "$tmp/$(basename "${pkg%@*}")" "$BIN/$name"
+  rm -rf "$tmp"
+}
+
+# kubelet and kube-proxy come from the control plane's module set (same replaces)
+k8s_bin="$(bash "$HERE/build-k8s.sh")"
+k8s_src="$(dirname "$k8s_bin")/src/kubernetes"
+minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
+ldflags="-s -w"
+for kv in "gitVersion=$K8S_VERSION" "gitMajor=1" "gitMinor=$minor" "gitTreeState=clean" "buildDate=1970-01-01T00:00:00Z"; do
+  ldflags+=" -X k8s.io/component-base/version.$kv -X k8s.io/client-go/pkg/version.$kv"
+done
+for b in kubelet kube-proxy; do
+  [[ -x "$BIN/$b" ]] && continue
+  log "building $b $K8S_VERSION"
+  (cd "$k8s_src" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "$ldflags" -o "$BIN/$b.tmp" "k8s.io/kubernetes/cmd/$b")
+  mv "$BIN/$b.tmp" "$BIN/$b"
+done
+
+if [[ ! -x "$BIN/pause" ]]; then
+  log "building pause from k8s.io/kubernetes $K8S_VERSION"
+  pause_src="$(cd "$k8s_src" && go list -m -f '{{.Dir}}' "k8s.io/kubernetes")/build/pause/linux/pause.c"
+  gcc -Os -static -DVERSION="\"$K8S_VERSION-kama\"" -o "$BIN/pause.tmp" "$pause_src"
+  strip "$BIN/pause.tmp"
+  mv "$BIN/pause.tmp" "$BIN/pause"
+fi
+
+containerd_tags="urfave_cli_no_docs osusergo netgo static_build no_btrfs no_devmapper no_zfs"
+install_tool containerd "github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD_VERSION" "$containerd_tags"
+install_tool ctr "github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD_VERSION" "$containerd_tags"
+install_tool containerd-shim-runc-v2 "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION" "$containerd_tags"
+for p in "${CNI_PLUGINS[@]}"; do
+  case "$p" in host-local) kind=ipam ;; portmap) kind=meta ;; *) kind=main ;; esac
+  install_tool "$p" "github.com/containernetworking/plugins/plugins/$kind/$p@$CNI_VERSION"
+done
+install_tool crictl "sigs.k8s.io/cri-tools/cmd/crictl@$CRI_TOOLS_VERSION"
+install_tool coredns "github.com/coredns/coredns@$COREDNS_VERSION"
+
+# one layer with the static binary; the reference is what containerd records on import
+single_binary_image() {  # <name> <ref> <binary> <config json>
+  local name="$1" ref="$2" binary="$3" config="$4" work="$OUT/images/$1"
+  [[ -f "$OUT/images/$name.tar" ]] && return 0
+  log "image $ref"
+  rm -rf "$work" && mkdir -p "$work"
+  python3 "$HERE/../images/oci.py" layer "$work/layer.tar.gz" --epoch "$EPOCH" \
+    --file "$binary=$BIN/$binary" --mode "$binary=0755" >/dev/null
+  python3 "$HERE/../images/oci.py" image "$work/layout" --epoch "$EPOCH" --ref "$ref" \
+    --config "$config" --layer "$work/layer.tar.gz" >/dev/null
+  mv "$work/layout.tar" "$OUT/images/$name.tar"
+  rm -rf "$work"
+}
+mkdir -p "$OUT/images"
+single_binary_image pause "$PAUSE_REF" pause '{"User":"65535:65535","Entrypoint":["/pause"]}'
+single_binary_image coredns "$COREDNS_REF" coredns '{"User":"65532:65532","Entrypoint":["/coredns"]}'
+
+all_present
+log "done: $BIN"
+echo "$BIN"
