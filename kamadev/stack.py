@@ -30,9 +30,9 @@ from kamadev.binaries import (
     ensure_node_binaries,
 )
 from kamadev.cluster import ClusterEndpoints, LocalCluster
-from kamadev.processes import ManagedProcess, free_port, sweep, wait_until
+from kamadev.fake_nodes import FAKE_NODE_LABEL, now, ready_conditions
+from kamadev.processes import ManagedProcess, free_port, sweep, wait_for_port, wait_until
 from kamadev.processnode.config import NodeConfig
-from kamadev.processnode.node import FAKE_NODE_LABEL
 from kamadev.realnode.addresses import SERVICE_OCTET
 from kamadev.realnode.node import NodeImage
 from kamadev.realnode.nodes import RealNodes
@@ -148,12 +148,15 @@ class LocalStack:
             workdir=self.workdir / "temporal",
             stack_id=self.stack_id,
         )
+        # the process node, or with real nodes the stack's services (kamadev.stack_services)
         self.node_process: ManagedProcess | None = None
         self._cluster: ClusterEndpoints | None = None
         self._temporal: TemporalEndpoints | None = None
         self.image_map_path = self.workdir / "images.yaml"
         self._pod_network: PodNetwork | None = None
         self.real_nodes: RealNodes | None = None
+        self._relays: list[ManagedProcess] = []
+        self._temporal_for_pods = ""
         if real_nodes:
             self.real_nodes = RealNodes(
                 count=real_nodes,
@@ -169,6 +172,37 @@ class LocalStack:
     def kubeconfig(self) -> Path:
         assert self._cluster is not None
         return self._cluster.kubeconfig
+
+    @property
+    def service_host(self) -> str:
+        """Where a server on this host must listen for the stack's pods to reach it:
+        loopback for the process node, the stack bridge's address for real nodes."""
+        return self.real_nodes.addresses.gateway if self.real_nodes is not None else "127.0.0.1"
+
+    @property
+    def temporal_for_pods(self) -> str:
+        """Temporal's address as the stack's pods reach it (importer pods)."""
+        return self._temporal_for_pods or self.temporal.address
+
+    def _relay(self, name: str, target: str) -> str:
+        """A server on loopback made reachable from real nodes' pods: socat listening on
+        the stack bridge's host address (the Temporal dev server itself cannot listen
+        there: its own services dial each other on loopback)."""
+        port = free_port(host=self.service_host)
+        self._relays.append(
+            ManagedProcess(
+                name=f"{name}-relay",
+                argv=[
+                    "socat",
+                    f"TCP-LISTEN:{port},bind={self.service_host},fork,reuseaddr",
+                    f"TCP:{target}",
+                ],
+                log_path=self.workdir / "logs" / f"{name}-relay.log",
+                stack_id=self.stack_id,
+            )
+        )
+        wait_for_port(host=self.service_host, port=port, timeout=10)
+        return f"{self.service_host}:{port}"
 
     @property
     def temporal(self) -> TemporalEndpoints:
@@ -205,10 +239,13 @@ class LocalStack:
     def start(self) -> LocalStack:
         started = time.monotonic()
         try:
+            if self.real_nodes is not None:
+                # the API server listens where the nodes (and their pods) reach the host
+                self.cluster.api_address = self.real_nodes.prepare_network()
             if self.with_temporal:
                 self._temporal = self.temporal_server.start()
-            if self.real_nodes is not None:
-                self.cluster.api_address = self.real_nodes.prepare_network()
+                if self.real_nodes is not None:
+                    self._temporal_for_pods = self._relay("temporal", self._temporal.address)
             self._cluster = self.cluster.start()
             if self.real_nodes is not None:
                 self._start_real_nodes(self.real_nodes)
@@ -234,6 +271,22 @@ class LocalStack:
             api_server=self._cluster.server,
             ca=self.cluster.ca,
             images=images,
+        )
+        self.node_process = ManagedProcess(
+            name="stack-services",
+            argv=[
+                sys.executable,
+                "-m",
+                "kamadev.stack_services",
+                "--kubeconfig",
+                str(self._cluster.kubeconfig),
+                "--volumes",
+                str(self.workdir / "volumes"),
+                *(f"--node={name}" for name in nodes.names),
+            ],
+            log_path=self.workdir / "logs" / "stack-services.log",
+            stack_id=self.stack_id,
+            cwd=REPO_ROOT,
         )
 
     def _start_node(self) -> None:
@@ -329,15 +382,13 @@ class LocalStack:
             "pods": "110",
             "nvidia.com/gpu": str(spec.gpus),
         }
-        from kamadev.processnode.node import _now, ready_conditions
-
         core.patch_node_status(
             spec.name,
             {
                 "status": {
                     "capacity": capacity,
                     "allocatable": capacity,
-                    "conditions": ready_conditions(_now()),
+                    "conditions": ready_conditions(now()),
                     "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
                 }
             },
@@ -365,6 +416,9 @@ class LocalStack:
             self.node_process = None
         if self.real_nodes is not None:
             self.real_nodes.stop()
+        for relay in self._relays:
+            relay.stop(grace=2)
+        self._relays.clear()
         self.cluster.stop()
         self.temporal_server.stop()
         if self._pod_network is not None:

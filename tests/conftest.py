@@ -16,13 +16,15 @@ import pytest
 from kamadev.binaries import REPO_ROOT
 from kamadev.hub import HubFixture
 from kamadev.processes import ManagedProcess, free_port, processes_with_marker, wait_until
-from kamadev.stack import KAMA_IMAGE, LocalStack
+from kamadev.stack import KAMA_IMAGE, KAMA_LLAMA_IMAGE, LocalStack
 from tests.support import eventually, kubectl
 
 
 @pytest.fixture(scope="session")
 def stack() -> Iterator[LocalStack]:
-    local = LocalStack().start()
+    # KAMA_TEST_NODES=real: the suite on two real nodes (kamadev.realnode)
+    real = os.environ.get("KAMA_TEST_NODES") == "real"
+    local = LocalStack(real_nodes=2 if real else 0).start()
     try:
         yield local
     finally:
@@ -70,10 +72,10 @@ def crds(stack: LocalStack) -> LocalStack:
 
 
 @pytest.fixture(scope="session")
-def hub() -> Iterator[HubFixture]:
+def hub(stack: LocalStack) -> Iterator[HubFixture]:
     """The local Hugging Face Hub that Kama's importers download from."""
     fixture = HubFixture()
-    fixture.start()
+    fixture.start(host=stack.service_host)
     yield fixture
     fixture.stop()
 
@@ -130,8 +132,10 @@ def kama_control(crds: LocalStack, hub: HubFixture) -> Iterator[KamaControl]:
     env = {
         "KUBECONFIG": str(stack.kubeconfig),
         "KAMA_TEMPORAL_ADDRESS": stack.temporal.address,
+        "KAMA_IMPORTER_TEMPORAL_ADDRESS": stack.temporal_for_pods,
         "KAMA_HF_ENDPOINT": hub.url,
         "KAMA_IMPORTER_IMAGE": KAMA_IMAGE,
+        "KAMA_RUNTIME_IMAGE": KAMA_LLAMA_IMAGE,
         "KAMA_CONTROL_QUEUE": f"kama-control-{uuid.uuid4().hex[:6]}",
     }
     control = KamaControl(

@@ -26,12 +26,14 @@ EPOCH="${SOURCE_DATE_EPOCH:-1704067200}"
 
 log() { printf '[build-node %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
-# runc, iptables (kube-proxy, portmap) and conntrack come from Debian
+# runc, iptables (kube-proxy, portmap), conntrack and socat (relays host services on
+# loopback to the nodes' bridge) come from Debian
 ensure_packages() {
   local missing=()
   command -v runc >/dev/null || [[ -x /usr/sbin/runc ]] || missing+=(runc)
   command -v iptables >/dev/null || [[ -x /usr/sbin/iptables ]] || missing+=(iptables)
   command -v conntrack >/dev/null || [[ -x /usr/sbin/conntrack ]] || missing+=(conntrack)
+  command -v socat >/dev/null || missing+=(socat)
   ((${#missing[@]})) || return 0
   if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null; then
     log "installing ${missing[*]} from Debian"

@@ -55,7 +55,6 @@ class NodeConfig:
     kubelet_cert: str
     kubelet_key: str
     kubelet_port: int
-    storage_class: str = "kama-local"
     pod_ip_prefix: str = "127.1"
     restart_backoff_base_s: float = 1.0
     restart_backoff_max_s: float = 30.0

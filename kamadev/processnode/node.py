@@ -1,10 +1,8 @@
-"""Node registration, heartbeats, the pod watch, local-path provisioning and the
-kubelet's HTTPS endpoint (for `kubectl logs`)."""
+"""Node registration, heartbeats, the pod watch, the local-path provisioner
+(kamadev.provisioner) and the kubelet's HTTPS endpoint (for `kubectl logs`)."""
 
 from __future__ import annotations
 
-import contextlib
-import datetime
 import logging
 import os
 import shutil
@@ -20,21 +18,14 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes import watch as k8s_watch
 
+from kamadev.fake_nodes import heartbeat_loop, now, ready_conditions
 from kamadev.processes import STACK_ID_ENV
 from kamadev.processnode.config import ImageMap, NodeConfig
 from kamadev.processnode.events import EventRecorder
 from kamadev.processnode.pods import PodWorker
+from kamadev.provisioner import LocalPathProvisioner
 
 log = logging.getLogger("processnode")
-
-FAKE_NODE_LABEL = "kama.dev/fake-node"
-PROVISIONER = "kama.dev/local-path"
-_LEASE_S = 40
-_HEARTBEAT_S = 10.0
-
-
-def _now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)
 
 
 def _meminfo_bytes() -> int:
@@ -44,41 +35,18 @@ def _meminfo_bytes() -> int:
     return 0
 
 
-def ready_conditions(now: datetime.datetime) -> list[dict[str, Any]]:
-    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
-    pressure = [
-        {
-            "type": t,
-            "status": "False",
-            "reason": f"KubeletHas{r}",
-            "message": m,
-            "lastHeartbeatTime": stamp,
-            "lastTransitionTime": stamp,
-        }
-        for t, r, m in (
-            ("MemoryPressure", "SufficientMemory", "kubelet has sufficient memory available"),
-            ("DiskPressure", "NoDiskPressure", "kubelet has no disk pressure"),
-            ("PIDPressure", "SufficientPID", "kubelet has sufficient PID available"),
-        )
-    ]
-    ready = {
-        "type": "Ready",
-        "status": "True",
-        "reason": "KubeletReady",
-        "message": "process node is posting ready status",
-        "lastHeartbeatTime": stamp,
-        "lastTransitionTime": stamp,
-    }
-    return [*pressure, ready]
-
-
 class ProcessNode:
     def __init__(self, *, config: NodeConfig) -> None:
         self.config = config
         api_client = k8s_config.new_client_from_config(config_file=config.kubeconfig)
         self.core = k8s.CoreV1Api(api_client)
         self.coordination = k8s.CoordinationV1Api(api_client)
-        self.storage = k8s.StorageV1Api(api_client)
+        self.provisioner = LocalPathProvisioner(
+            core=self.core,
+            storage=k8s.StorageV1Api(api_client),
+            root=Path(config.data_dir) / "volumes",
+            nodes=lambda: [config.node_name],
+        )
         self.images = ImageMap.load(Path(config.image_map))
         self.events = EventRecorder(core=self.core, node_name=config.node_name)
         self.workers: dict[str, PodWorker] = {}
@@ -123,7 +91,7 @@ class ProcessNode:
         status = {
             "capacity": capacity,
             "allocatable": {**capacity, "memory": str(max(memory - 256 * 1024 * 1024, 0))},
-            "conditions": ready_conditions(_now()),
+            "conditions": ready_conditions(now()),
             "addresses": [
                 {"type": "InternalIP", "address": "127.0.0.1"},
                 {"type": "Hostname", "address": name},
@@ -143,140 +111,17 @@ class ProcessNode:
             },
         }
         self.core.patch_node_status(name, {"status": status})
-        self._ensure_storage_class()
-
-    def _ensure_storage_class(self) -> None:
-        sc = k8s.V1StorageClass(
-            metadata=k8s.V1ObjectMeta(
-                name=self.config.storage_class,
-                annotations={"storageclass.kubernetes.io/is-default-class": "true"},
-            ),
-            provisioner=PROVISIONER,
-            reclaim_policy="Delete",
-            volume_binding_mode="Immediate",
-        )
-        with contextlib.suppress(k8s.ApiException):
-            self.storage.create_storage_class(sc)
+        self.provisioner.ensure_storage_class()
 
     # heartbeats ---------------------------------------------------------------
 
-    def _renew_lease(self, node: str) -> None:
-        now = _now()
-        try:
-            self.coordination.patch_namespaced_lease(
-                node,
-                "kube-node-lease",
-                {"spec": {"renewTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}},
-                _content_type="application/merge-patch+json",
-            )
-        except k8s.ApiException as exc:
-            if exc.status != 404:
-                raise
-            body = k8s.V1Lease(
-                metadata=k8s.V1ObjectMeta(name=node, namespace="kube-node-lease"),
-                spec=k8s.V1LeaseSpec(
-                    holder_identity=node, lease_duration_seconds=_LEASE_S, renew_time=now
-                ),
-            )
-            self.coordination.create_namespaced_lease("kube-node-lease", body)
-
     def _heartbeat_loop(self) -> None:
-        interval = 0.0
-        while not self._stop.wait(interval):
-            interval = _HEARTBEAT_S
-            try:
-                names = [self.config.node_name]
-                fakes = self.core.list_node(label_selector=f"{FAKE_NODE_LABEL}=true")
-                names += [n.metadata.name for n in fakes.items]
-                for name in names:
-                    self._renew_lease(name)
-                    self.core.patch_node_status(
-                        name, {"status": {"conditions": ready_conditions(_now())}}
-                    )
-            except Exception as exc:
-                log.warning("heartbeat failed: %s", exc)
-
-    # local-path provisioner ---------------------------------------------------
-
-    def _provision_loop(self) -> None:
-        root = Path(self.config.data_dir) / "volumes"
-        root.mkdir(parents=True, exist_ok=True)
-        while not self._stop.wait(0.5):
-            try:
-                self._provision_once(root)
-            except Exception as exc:
-                log.warning("provisioner pass failed: %s", exc)
-
-    def _volume_node_affinity(self, access_modes: list[str]) -> k8s.V1VolumeNodeAffinity | None:
-        """A volume only one node can mount is a directory on this node, and says so
-        (as rancher's local-path provisioner does), so the scheduler and Kama's planner
-        keep its pods here. A claim for many nodes (ReadWriteMany, ReadOnlyMany) stands
-        for a shared filesystem (NFS) every node, fake GPU nodes included, can mount."""
-        if not set(access_modes) <= {"ReadWriteOnce", "ReadWriteOncePod"}:
-            return None
-        here = k8s.V1NodeSelectorRequirement(
-            key="kubernetes.io/hostname", operator="In", values=[self.config.node_name]
+        heartbeat_loop(
+            core=self.core,
+            coordination=self.coordination,
+            own=[self.config.node_name],
+            stop=self._stop,
         )
-        return k8s.V1VolumeNodeAffinity(
-            required=k8s.V1NodeSelector(
-                node_selector_terms=[k8s.V1NodeSelectorTerm(match_expressions=[here])]
-            )
-        )
-
-    def _provision_once(self, root: Path) -> None:
-        for claim in self.core.list_persistent_volume_claim_for_all_namespaces().items:
-            if claim.spec.storage_class_name != self.config.storage_class or claim.spec.volume_name:
-                continue
-            if claim.metadata.deletion_timestamp is not None:
-                continue
-            name = f"pvc-{claim.metadata.uid}"
-            path = root / name
-            path.mkdir(parents=True, exist_ok=True)
-            path.chmod(0o777)
-            size = (claim.spec.resources.requests or {}).get("storage", "1Gi")
-            access_modes = claim.spec.access_modes or ["ReadWriteOnce"]
-            pv = k8s.V1PersistentVolume(
-                metadata=k8s.V1ObjectMeta(
-                    name=name, annotations={"pv.kubernetes.io/provisioned-by": PROVISIONER}
-                ),
-                spec=k8s.V1PersistentVolumeSpec(
-                    capacity={"storage": size},
-                    access_modes=access_modes,
-                    node_affinity=self._volume_node_affinity(access_modes),
-                    persistent_volume_reclaim_policy="Delete",
-                    storage_class_name=self.config.storage_class,
-                    host_path=k8s.V1HostPathVolumeSource(path=str(path), type="Directory"),
-                    volume_mode=claim.spec.volume_mode or "Filesystem",
-                    claim_ref=k8s.V1ObjectReference(
-                        api_version="v1",
-                        kind="PersistentVolumeClaim",
-                        namespace=claim.metadata.namespace,
-                        name=claim.metadata.name,
-                        uid=claim.metadata.uid,
-                    ),
-                ),
-            )
-            try:
-                self.core.create_persistent_volume(pv)
-                log.info(
-                    "provisioned %s for %s/%s", name, claim.metadata.namespace, claim.metadata.name
-                )
-            except k8s.ApiException as exc:
-                if exc.status != 409:
-                    raise
-        for pv in self.core.list_persistent_volume().items:
-            annotations = pv.metadata.annotations or {}
-            if annotations.get("pv.kubernetes.io/provisioned-by") != PROVISIONER:
-                continue
-            if (
-                pv.status
-                and pv.status.phase == "Released"
-                and pv.spec.persistent_volume_reclaim_policy == "Delete"
-            ):
-                if pv.spec.host_path and Path(pv.spec.host_path.path).is_relative_to(root):
-                    shutil.rmtree(pv.spec.host_path.path, ignore_errors=True)
-                with contextlib.suppress(k8s.ApiException):
-                    self.core.delete_persistent_volume(pv.metadata.name)
 
     # pods -----------------------------------------------------------------------
 
@@ -453,7 +298,7 @@ class ProcessNode:
         for target, name in (
             (self._serve_kubelet, "kubelet-https"),
             (self._heartbeat_loop, "heartbeat"),
-            (self._provision_loop, "provisioner"),
+            (lambda: self.provisioner.run(self._stop), "provisioner"),
         ):
             threading.Thread(target=target, name=name, daemon=True).start()
         log.info("process node %s ready", self.config.node_name)

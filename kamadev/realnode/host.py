@@ -6,7 +6,7 @@ The stack needs: root; cgroup v1 hierarchies for cpu, cpuacct, cpuset, memory, p
 devices and freezer under /sys/fs/cgroup (this host has no cgroup v2 controllers; the
 kubelet runs with `failCgroupV1: false`); overlayfs (containerd's snapshotter);
 network and mount namespaces (`unshare`); veth and bridge links; `nsenter`, `ip`,
-runc and iptables (from Debian, installed by deploy/local/build-node.sh).
+runc, iptables and socat (from Debian, installed by deploy/local/build-node.sh).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 CGROUP_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "pids", "devices", "freezer")
-TOOLS = ("unshare", "nsenter", "ip", "iptables", "runc")
+TOOLS = ("unshare", "nsenter", "ip", "iptables", "runc", "socat")
 
 
 class HostUnsupported(RuntimeError):
