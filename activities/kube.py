@@ -123,15 +123,19 @@ def importer_pod_name(artifact: str, operation_id: str) -> str:
     return f"{artifact[:40]}-import-{operation_id[-12:]}".lower()
 
 
-def remove_pod(core: k8s.CoreV1Api, *, namespace: str, name: str) -> None:
-    """Delete a pod; one that is already gone is as good."""
+def remove_pod(core: k8s.CoreV1Api, *, namespace: str, name: str, force: bool = False) -> None:
+    """Delete a pod; one that is already gone is as good. `force`: at once, without the
+    grace period (the pod's kubelet is lost and would never confirm it)."""
     with (
         suppress(NotFound),
         kube_call(
             verb="delete", target=KubeTarget(resource="pods", namespace=namespace, name=name)
         ),
     ):
-        core.delete_namespaced_pod(name, namespace)
+        if force:
+            core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        else:
+            core.delete_namespaced_pod(name, namespace)
 
 
 class KubeActivities:

@@ -9,6 +9,7 @@ plan without I/O. API errors become the typed errors of `kube_errors`."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,6 +60,7 @@ class CreatePod:
 class PodName:
     namespace: str
     name: str
+    force: bool = False  # no grace: its node is lost, no kubelet will confirm the deletion
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,22 @@ def _node_facts(node: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def observed_pod(pod: dict[str, Any]) -> ObservedPod:
+def lost_nodes(nodes: list[dict[str, Any]]) -> set[str]:
+    """Nodes whose kubelet stopped answering: the node lifecycle controller set their
+    Ready condition to Unknown (or tainted them unreachable)."""
+    lost = set()
+    for node in nodes:
+        conditions = {
+            c["type"]: c["status"] for c in (node.get("status") or {}).get("conditions") or []
+        }
+        taints = {t["key"] for t in (node.get("spec") or {}).get("taints") or []}
+        if conditions.get("Ready") == "Unknown" or "node.kubernetes.io/unreachable" in taints:
+            lost.add(node["metadata"]["name"])
+    return lost
+
+
+def observed_pod(pod: dict[str, Any], *, lost: Collection[str] = ()) -> ObservedPod:
+    """`lost`: the nodes whose pods count for nothing (see `lost_nodes`)."""
     meta, status = pod["metadata"], pod.get("status") or {}
     conditions = {c["type"]: c for c in status.get("conditions") or []}
     scheduled = conditions.get("PodScheduled", {})
@@ -103,6 +120,7 @@ def observed_pod(pod: dict[str, Any]) -> ObservedPod:
         pod_ip=status.get("podIP"),
         node=(pod.get("spec") or {}).get("nodeName"),
         exit_reason=exit_reason,
+        node_lost=(pod.get("spec") or {}).get("nodeName") in lost,
     )
 
 
@@ -150,7 +168,16 @@ class ServingPodActivities:
                 request.namespace, label_selector=serving_selector(request.deployment)
             )
         raw = self.api.sanitize_for_serialization(pods.items)
-        return sorted((observed_pod(p) for p in raw), key=lambda p: p.name)
+        with kube_call(verb="list", target=KubeTarget(resource="nodes")):
+            nodes = self.api.sanitize_for_serialization(self.core.list_node().items)
+        lost = lost_nodes(nodes)
+        lost |= {
+            node
+            for pod in raw
+            if (node := (pod.get("spec") or {}).get("nodeName"))
+            and node not in {n["metadata"]["name"] for n in nodes}
+        }
+        return sorted((observed_pod(p, lost=lost) for p in raw), key=lambda p: p.name)
 
     @activity.defn(name="Create serving pod")
     def create_pod(self, request: CreatePod) -> None:
@@ -175,7 +202,7 @@ class ServingPodActivities:
 
     @activity.defn(name="Delete serving pod")
     def delete_pod(self, pod: PodName) -> None:
-        remove_pod(self.core, namespace=pod.namespace, name=pod.name)
+        remove_pod(self.core, namespace=pod.namespace, name=pod.name, force=pod.force)
 
     @activity.defn(name="Set deployment replicas")
     def set_replicas(self, request: ScaleRequest) -> None:

@@ -4,7 +4,9 @@ One pure function, `plan_rollout`, answers for a template fingerprint and a desi
 replica count: which replicas to create, which pods to drain and which dead pods to
 remove. It is the whole rollout policy, so it is unit-tested on its own:
 
-* failed or completed pods are removed and replaced (a crashed llama-server);
+* failed or completed pods are removed and replaced (a crashed llama-server), and so
+  are pods on a lost node (its kubelet stopped answering): they count for nothing,
+  and their removal is forced, since no kubelet will ever confirm it;
 * pods of the current fingerprint are topped up to, or trimmed to, the desired
   count (trimming not-ready and newest first);
 * old-fingerprint pods keep serving until as many current pods are ready as
@@ -34,6 +36,7 @@ class ObservedPod:
     pod_ip: str | None = None
     node: str | None = None
     exit_reason: str | None = None
+    node_lost: bool = False  # its node's kubelet stopped answering (Ready Unknown, gone)
 
     @property
     def terminal(self) -> bool:
@@ -42,7 +45,7 @@ class ObservedPod:
     @property
     def serving(self) -> bool:
         """Counts toward capacity: alive, not on its way out."""
-        return not (self.draining or self.deleting or self.terminal)
+        return not (self.draining or self.deleting or self.terminal or self.node_lost)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,7 +66,7 @@ class RolloutStep:
 def plan_rollout(
     *, pods: Sequence[ObservedPod], fingerprint: str, desired: int, next_ordinal: int
 ) -> RolloutStep:
-    remove = tuple(sorted(p.name for p in pods if p.terminal and not p.deleting))
+    remove = tuple(sorted(p.name for p in pods if (p.terminal and not p.deleting) or p.node_lost))
     live = [p for p in pods if p.serving]
     current = [p for p in live if p.fingerprint == fingerprint]
     old = [p for p in live if p.fingerprint != fingerprint]

@@ -123,7 +123,7 @@ class ImporterTemporal:
     artifact's namespace, since pods mount Secrets of their own namespace only).
 
     Without a secret the pod gets the worker's file paths as they are (right where
-    pods see the worker's files, as on the local stack's process node; elsewhere the
+    pods see the worker's files, where both share a filesystem; elsewhere the
     importer names the missing file) and no API key, which never goes into a pod
     spec as plain text."""
 

@@ -1,8 +1,7 @@
 """Kama's Helm chart on the local stack: `make dev` installs Kama with it, and the
 chart's stack test installs it the same way. What differs from a real cluster is only
-what the process node needs: images are names in its image map (`kamadev/stack.py`),
-and pods share this machine's network, so Kama's servers bind their pod's own
-loopback address and the watcher's health port is a free one."""
+where images come from: the stack imports them into every node's containerd under
+`kama.dev/<image>:dev` (`kamadev/stack.py`), and nothing is pulled."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ import subprocess
 from typing import Any
 
 from kamadev.binaries import REPO_ROOT, ensure_helm
-from kamadev.processes import free_port
 from kamadev.stack import LocalStack
 
 CHART = REPO_ROOT / "deploy" / "chart" / "kama"
@@ -39,8 +37,5 @@ def local_stack_values(*, hub_url: str) -> dict[str, Any]:
     return {
         "image": {"registry": "kama.dev"},
         "images": {k: {"tag": "dev"} for k in ("kama", "llamaServer", "temporalDev")},
-        "listenOnPodIP": True,
         "huggingFace": {"endpoint": hub_url},
-        # 0.0.0.0:8081 would take the serving pods' supervisor port on this node
-        "watcher": {"healthPort": free_port()},
     }

@@ -1,5 +1,6 @@
-"""A real Kubernetes control plane on loopback: etcd, kube-apiserver, kube-scheduler
-and kube-controller-manager as child processes in a temporary directory.
+"""A real Kubernetes control plane: etcd, kube-apiserver, kube-scheduler and
+kube-controller-manager as child processes in a temporary directory; etcd and the
+controllers on loopback, the API server on the address its nodes reach.
 
 Clients authenticate with certificates from one throw-away CA; authorization is
 `Node,RBAC` as in a production cluster. `LocalCluster.stop` kills everything it
@@ -60,8 +61,8 @@ class LocalCluster:
     def __init__(
         self, *, binaries: Binaries, workdir: Path, stack_id: str, api_address: str = "127.0.0.1"
     ) -> None:
-        """`api_address`: where kube-apiserver listens and what it advertises; real nodes
-        in their own network namespaces reach it at their bridge's host address."""
+        """`api_address`: where kube-apiserver listens and what it advertises (never
+        loopback once nodes join: they reach it at their bridge's host address)."""
         self.binaries = binaries
         self.api_address = api_address
         self.workdir = workdir
@@ -163,10 +164,8 @@ class LocalCluster:
                 f"--etcd-servers=http://127.0.0.1:{etcd_port}",
                 f"--bind-address={self.api_address}",
                 f"--advertise-address={self.api_address}",
-                # the `kubernetes` Service cannot point at loopback: pods of the process
-                # node reach the API server directly; on real nodes it is what pods use
-                "--endpoint-reconciler-type="
-                + ("none" if self.api_address.startswith("127.") else "lease"),
+                # the `kubernetes` Service's endpoint: what pods reach the API server at
+                "--endpoint-reconciler-type=lease",
                 f"--secure-port={api_port}",
                 f"--tls-cert-file={serving.cert}",
                 f"--tls-private-key-file={serving.key}",

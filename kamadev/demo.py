@@ -10,7 +10,7 @@ from typing import Any
 from kubernetes import client as k8s
 
 from kamadev.gguf_factory import ModelShape, write_model
-from kamadev.stack import LLAMA_IMAGE, LocalStack
+from kamadev.stack import KAMA_LLAMA_IMAGE, LocalStack
 
 LLAMA_PORT = 8080
 
@@ -39,7 +39,8 @@ def llama_pod_manifest(
             "containers": [
                 {
                     "name": "llama",
-                    "image": LLAMA_IMAGE,
+                    "image": KAMA_LLAMA_IMAGE,  # llama-server itself, not `kama runtime`
+                    "command": ["/usr/local/bin/llama-server"],
                     "args": [
                         "--model",
                         f"/models/{model_file}",

@@ -1,6 +1,5 @@
 """Heartbeats for Node objects no kubelet runs: the fake GPU nodes (labelled
-`kama.dev/fake-node`) that let the planner and the real scheduler place GPU pods, and
-the process node's own. A Node whose lease is not renewed goes NotReady and is tainted
+`kama.dev/fake-node`) that let the planner and the real scheduler place GPU pods. A Node whose lease is not renewed goes NotReady and is tainted
 by the node lifecycle controller, so these renew the lease and post Ready conditions
 every few seconds, as a kubelet does.
 """
@@ -78,16 +77,15 @@ def heartbeat_loop(
     *,
     core: k8s.CoreV1Api,
     coordination: k8s.CoordinationV1Api,
-    own: list[str],
     stop: threading.Event,
 ) -> None:
-    """Until `stop`: renew `own` nodes and every fake node."""
+    """Until `stop`: renew every fake node."""
     interval = 0.0
     while not stop.wait(interval):
         interval = HEARTBEAT_S
         try:
             fakes = core.list_node(label_selector=f"{FAKE_NODE_LABEL}=true")
-            for name in [*own, *(n.metadata.name for n in fakes.items)]:
+            for name in (n.metadata.name for n in fakes.items):
                 renew_lease(coordination, node=name)
                 core.patch_node_status(name, {"status": {"conditions": ready_conditions(now())}})
         except Exception as exc:

@@ -87,7 +87,7 @@ def demo_resources() -> list[dict[str, Any]]:
 
 def start_kama_demo(stack: LocalStack) -> KamaDemo:
     hub = HubFixture()
-    hub_url = hub.start()
+    hub_url = hub.start(host=stack.service_host)
     (stack.workdir / "demo").mkdir(parents=True, exist_ok=True)
     model = write_model(stack.workdir / "demo" / "tiny.gguf", shape=ModelShape())
     hub.add_repo(DEMO_REPO, {"tiny.gguf": model})
@@ -96,8 +96,8 @@ def start_kama_demo(stack: LocalStack) -> KamaDemo:
         # Kama as a user installs it: the chart (CRDs, one ServiceAccount and role per
         # component, worker, watcher and gateway pods), on the stack's Temporal
         values = local_stack_values(hub_url=hub_url)
-        values["temporal"] = {"address": stack.temporal.address}
-        values["watcher"]["replicas"] = 1
+        values["temporal"] = {"address": stack.temporal_for_pods}
+        values["watcher"] = {"replicas": 1}
         values["gateway"] = {"replicas": 1}
         values_file = stack.workdir / "demo" / "values.yaml"
         values_file.write_text(json.dumps(values))  # JSON is YAML
@@ -137,7 +137,7 @@ def _apply_when_served(stack: LocalStack, items: list[dict[str, Any]]) -> None:
 
 
 def _gateway_address(stack: LocalStack) -> str:
-    """The ready gateway pod's IP (its own loopback address on the process node)."""
+    """The ready gateway pod's IP (this host routes to every node's pod range)."""
     out = _kubectl(
         stack, "get", "pods", "-n", KAMA_NAMESPACE, "-o", "json",
         "-l", "app.kubernetes.io/component=gateway",

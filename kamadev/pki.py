@@ -1,7 +1,7 @@
 """Certificates and keys for the local control plane.
 
 kube-apiserver authenticates every client by a certificate signed by one CA; the
-scheduler, controller-manager, the admin user and the process node each get their
+scheduler, controller-manager, the admin user, the kubelets and kube-proxy each get their
 own identity so RBAC and audit read like a real cluster.
 """
 

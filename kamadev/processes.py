@@ -1,6 +1,7 @@
 """Child processes of the local stack: started with a marker so none can outlive it.
 
-Every process the stack starts (and every container the process node starts) carries
+Every process the stack starts (its nodes' daemons included; containers are found by
+their nodes' cgroups, kamadev.realnode.cgroups) carries
 `KAMA_STACK_ID` in its environment and dies with its parent (PR_SET_PDEATHSIG).
 `sweep` finds leftovers by that marker in /proc, which is also how the tests check
 that teardown left nothing behind.

@@ -5,7 +5,8 @@ A claim only one node may mount (ReadWriteOnce/ReadWriteOncePod) is a directory 
 one node*, and its PV says so with node affinity (as rancher's local-path
 provisioner does), so the scheduler and Kama's planner keep its pods there: the node
 the scheduler picked when the claim waits for its first consumer
-(`volume.kubernetes.io/selected-node`), else the node holding the fewest such volumes.
+(`volume.kubernetes.io/selected-node`), else the node of the namespace's other
+single-node volumes, else the node holding the fewest.
 A claim for many nodes (ReadWriteMany, ReadOnlyMany) stands for a shared filesystem
 (NFS) that every node, fake GPU nodes included, can mount. Released volumes are
 deleted with their directories.
@@ -101,7 +102,10 @@ class LocalPathProvisioner:
         ]
 
     def _place(self, claim: Any, volumes: list[Any]) -> str | None:
-        """The node a single-node claim's directory goes on."""
+        """The node a single-node claim's directory goes on: the scheduler's choice
+        when the claim waited for its first pod; else the node that already holds the
+        namespace's single-node volumes (a pod may mount several of them, e.g. an
+        importer copying from one claim into another); else the least-used node."""
         selected = (claim.metadata.annotations or {}).get(SELECTED_NODE)
         if selected:
             return str(selected)
@@ -109,6 +113,11 @@ class LocalPathProvisioner:
         if not nodes:
             return None
         held = Counter(affinity_node(pv) for pv in volumes)
+        for pv in sorted(volumes, key=lambda pv: pv.metadata.name):
+            ref = pv.spec.claim_ref
+            node = affinity_node(pv)
+            if ref is not None and ref.namespace == claim.metadata.namespace and node in nodes:
+                return node
         return min(nodes, key=lambda node: (held[node], node))
 
     def provision_once(self) -> None:

@@ -1,7 +1,6 @@
 """`python -m kamadev.stack_services`: what a stack of real nodes needs beside its
 kubelets, as one process of the stack: the `kama-local` StorageClass's provisioner
-(kamadev.provisioner) and the heartbeats of fake GPU nodes (kamadev.fake_nodes).
-The process node runs both itself."""
+(kamadev.provisioner) and the heartbeats of fake GPU nodes (kamadev.fake_nodes)."""
 
 from __future__ import annotations
 
@@ -36,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     heartbeats = threading.Thread(
         target=heartbeat_loop,
-        kwargs={"core": core, "coordination": k8s.CoordinationV1Api(api), "own": [], "stop": stop},
+        kwargs={"core": core, "coordination": k8s.CoordinationV1Api(api), "stop": stop},
         daemon=True,
     )
     heartbeats.start()

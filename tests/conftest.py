@@ -1,4 +1,4 @@
-"""Session fixtures: the local stack (real apiserver, process node, Temporal) is
+"""Session fixtures: the local stack (real apiserver, two real nodes, Temporal) is
 started once for all integration tests and torn down at the end."""
 
 from __future__ import annotations
@@ -22,9 +22,7 @@ from tests.support import eventually, kubectl
 
 @pytest.fixture(scope="session")
 def stack() -> Iterator[LocalStack]:
-    # KAMA_TEST_NODES=real: the suite on two real nodes (kamadev.realnode)
-    real = os.environ.get("KAMA_TEST_NODES") == "real"
-    local = LocalStack(real_nodes=2 if real else 0).start()
+    local = LocalStack().start()
     try:
         yield local
     finally:

@@ -107,7 +107,8 @@ class RolloutWorkflow(TaskStatus):
                 next_ordinal=self._next_ordinal,
             )
             for pod in pods:
-                if pod.name in step.remove and pod.fingerprint == fingerprint:
+                # a lost node is not the runtime failing
+                if pod.name in step.remove and pod.fingerprint == fingerprint and not pod.node_lost:
                     failed[pod.name] = pod.exit_reason or pod.phase
             if len(failed) >= MAX_FAILED_PODS:
                 last = sorted(failed.items())[-1]
@@ -119,9 +120,11 @@ class RolloutWorkflow(TaskStatus):
                     reason="RuntimeFailed",
                     message=f"{len(failed)} pods of this template stopped; last: {last[0]}: {last[1]}",
                 )
+            lost = {pod.name for pod in pods if pod.node_lost}
             for name in step.remove:
                 await call_kube(
-                    ServingPodActivities.delete_pod, PodName(namespace=ref.namespace, name=name)
+                    ServingPodActivities.delete_pod,
+                    PodName(namespace=ref.namespace, name=name, force=name in lost),
                 )
             for ordinal in step.create:
                 manifest = serving_pod_manifest(

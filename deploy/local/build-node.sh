@@ -17,9 +17,9 @@ CACHE_ROOT="${KAMA_CACHE_DIR:-$HOME/.cache/kama}"
 OUT="$CACHE_ROOT/node/k8s$K8S_VERSION-containerd$CONTAINERD_VERSION-cni$CNI_VERSION-coredns$COREDNS_VERSION"
 BIN="$OUT/bin"
 CNI_PLUGINS=(bridge host-local loopback portmap)
-BINARIES=(kubelet kube-proxy containerd ctr containerd-shim-runc-v2 crictl coredns pause "${CNI_PLUGINS[@]}")
+BINARIES=(kubelet kube-proxy containerd ctr containerd-shim-runc-v2 crictl coredns pause busybox "${CNI_PLUGINS[@]}")
 # single-binary OCI archives for containerd (imported, never pulled)
-IMAGES=(pause coredns)
+IMAGES=(pause coredns busybox)
 PAUSE_REF="registry.k8s.io/pause:3.10"
 COREDNS_REF="kama.dev/coredns:$COREDNS_VERSION"
 EPOCH="${SOURCE_DATE_EPOCH:-1704067200}"
@@ -114,14 +114,27 @@ done
 install_tool crictl "sigs.k8s.io/cri-tools/cmd/crictl@$CRI_TOOLS_VERSION"
 install_tool coredns "github.com/coredns/coredns@$COREDNS_VERSION"
 
-# one layer with the static binary; the reference is what containerd records on import
-single_binary_image() {  # <name> <ref> <binary> <config json>
+# a shell for tests and debugging: Debian's busybox-static (the package's own binary)
+if [[ ! -x "$BIN/busybox" ]]; then
+  log "busybox from Debian's busybox-static"
+  deb="$OUT/src/busybox" && rm -rf "$deb" && mkdir -p "$deb"
+  (cd "$deb" && apt-get download busybox-static >/dev/null)
+  dpkg-deb -x "$deb"/busybox-static_*.deb "$deb/root"
+  cp "$deb/root/bin/busybox" "$BIN/busybox.tmp" && mv "$BIN/busybox.tmp" "$BIN/busybox"
+  rm -rf "$deb"
+fi
+
+# one layer with the static binary (and links to it); containerd records the reference
+single_binary_image() {  # <name> <ref> <binary> <config json> [links...]
   local name="$1" ref="$2" binary="$3" config="$4" work="$OUT/images/$1"
+  shift 4
   [[ -f "$OUT/images/$name.tar" ]] && return 0
   log "image $ref"
   rm -rf "$work" && mkdir -p "$work"
+  local links=()
+  for link in "$@"; do links+=(--symlink "$link=/$binary"); done
   python3 "$HERE/../images/oci.py" layer "$work/layer.tar.gz" --epoch "$EPOCH" \
-    --file "$binary=$BIN/$binary" --mode "$binary=0755" >/dev/null
+    --file "$binary=$BIN/$binary" --mode "$binary=0755" --mkdir bin --mkdir tmp "${links[@]}" >/dev/null
   python3 "$HERE/../images/oci.py" image "$work/layout" --epoch "$EPOCH" --ref "$ref" \
     --config "$config" --layer "$work/layer.tar.gz" >/dev/null
   mv "$work/layout.tar" "$OUT/images/$name.tar"
@@ -130,6 +143,10 @@ single_binary_image() {  # <name> <ref> <binary> <config json>
 mkdir -p "$OUT/images"
 single_binary_image pause "$PAUSE_REF" pause '{"User":"65535:65535","Entrypoint":["/pause"]}'
 single_binary_image coredns "$COREDNS_REF" coredns '{"User":"65532:65532","Entrypoint":["/coredns"]}'
+busybox_version="$("$BIN/busybox" --help 2>&1 | sed -n '1s/^BusyBox v\([0-9.]*\).*/\1/p')" || true
+single_binary_image busybox "kama.dev/busybox:${busybox_version:-unknown}" busybox \
+  '{"Env":["PATH=/bin"],"Cmd":["sh"]}' \
+  bin/sh bin/sleep bin/cat bin/echo bin/ls bin/id bin/touch bin/mkdir bin/wget bin/nslookup bin/head bin/dd bin/true
 
 all_present
 log "done: $BIN"

@@ -59,6 +59,12 @@ def _procs_below(path: Path) -> set[int]:
     return pids
 
 
+def processes_below(root: str) -> set[int]:
+    """Every process in the node's cgroups (its daemons and its containers)."""
+    paths = [h / root.lstrip("/") for h in hierarchies()]
+    return set().union(*(_procs_below(p) for p in paths if p.exists()))
+
+
 def remove_root(*, root: str) -> list[int]:
     """Kill every process below `root` in every hierarchy and remove its cgroups;
     returns the PIDs that had to be killed."""
@@ -66,7 +72,7 @@ def remove_root(*, root: str) -> list[int]:
     targets = [h / root.lstrip("/") for h in hierarchies()]
     deadline = time.monotonic() + _KILL_TIMEOUT_S
     while True:
-        pids = set().union(*(_procs_below(t) for t in targets if t.exists()))
+        pids = processes_below(root)
         if not pids:
             break
         if time.monotonic() > deadline:

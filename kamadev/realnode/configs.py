@@ -80,6 +80,8 @@ disabled_plugins = ["io.containerd.tracing.processor.v1.otlp", "io.containerd.in
 
 [plugins."io.containerd.cri.v1.images"]
   snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.images".registry]
+    config_path = "{layout.path("registries")}"
   [plugins."io.containerd.cri.v1.images".pinned_images]
     sandbox = "{PAUSE_IMAGE}"
 
@@ -98,6 +100,20 @@ disabled_plugins = ["io.containerd.tracing.processor.v1.otlp", "io.containerd.in
         BinaryName = "/usr/sbin/runc"
         SystemdCgroup = false
 """
+
+
+# Every registry resolves to a closed port: the stack's images are imported, and an
+# image that is not there fails at once (ErrImagePull naming it), never a download.
+NO_REGISTRY = """server = "https://127.0.0.1:1"
+
+[host."https://127.0.0.1:1"]
+  capabilities = ["pull", "resolve"]
+"""
+
+
+def registry_hosts(layout: NodeLayout) -> dict[Path, str]:
+    """containerd's hosts.toml files (`_default` applies to every registry)."""
+    return {layout.path("registries") / "_default" / "hosts.toml": NO_REGISTRY}
 
 
 def cni_config(layout: NodeLayout) -> str:

@@ -7,7 +7,9 @@ In order: private directories over the fixed paths (`/var/lib/kubelet`,
 node's `eth0`; the node's own sysctls; containerd, with the stack's images imported
 (nothing is ever pulled); then the kubelet and kube-proxy. It stays as their
 supervisor: when one of them exits the node exits too (the stack notices), and on
-SIGTERM it stops them and kills every runc shim it adopted. The host puts it in the
+SIGTERM it stops them and kills every runc shim it adopted. SIGUSR1 kills the kubelet
+alone (a crashed kubelet: the node's containers run on, the control plane loses the
+node) and SIGUSR2 starts it again. The host puts it in the
 node's `system` cgroup before it starts anything, so the node's cgroup root holds
 every process of the node: the host empties and removes it after init exits, or
 after a crash of the whole stack.
@@ -34,6 +36,9 @@ _NETWORK_TIMEOUT_S = 60.0
 _SOCKET_TIMEOUT_S = 60.0
 _STOP_GRACE_S = 10.0
 NETWORK_READY = "network.ready"
+# what the host sends to simulate a kubelet crash, and to bring the kubelet back
+KUBELET_KILL = signal.SIGUSR1
+KUBELET_START = signal.SIGUSR2
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,7 @@ class Children:
     def __init__(self, config: InitConfig) -> None:
         self.config = config
         self.running: list[tuple[str, subprocess.Popen[bytes], IO[bytes]]] = []
+        self.argv: dict[str, list[str]] = {}
         self.env = {
             **os.environ,
             "PATH": f"{config.node_bin}:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -125,6 +131,7 @@ class Children:
         logs = self.config.directory / "logs"
         logs.mkdir(exist_ok=True)
         out = (logs / f"{name}.log").open("ab")
+        self.argv[name] = argv
         proc = subprocess.Popen(
             argv,
             stdout=out,
@@ -134,6 +141,20 @@ class Children:
         )
         self.running.append((name, proc, out))
         log(f"{name} started (pid {proc.pid})")
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one daemon, as a crash does; the node runs on without it."""
+        for entry in list(self.running):
+            if entry[0] == name:
+                entry[1].kill()
+                entry[1].wait()
+                entry[2].close()
+                self.running.remove(entry)
+                log(f"{name} killed")
+
+    def revive(self, name: str) -> None:
+        if not any(entry[0] == name for entry in self.running):
+            self.start(name, self.argv[name])
 
     def exited(self) -> str | None:
         for name, proc, _ in self.running:
@@ -218,13 +239,20 @@ def main(argv: list[str]) -> int:
     config = InitConfig.load(Path(argv[0]))
     ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     stopping = False
+    kubelet_wanted: bool | None = None  # SIGUSR1: kill the kubelet, SIGUSR2: start it again
 
     def on_term(signum: int, frame: object) -> None:
         nonlocal stopping
         stopping = True
 
+    def on_kubelet(signum: int, frame: object) -> None:
+        nonlocal kubelet_wanted
+        kubelet_wanted = signum == KUBELET_START
+
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
+    signal.signal(KUBELET_KILL, on_kubelet)
+    signal.signal(KUBELET_START, on_kubelet)
     children = Children(config)
     status = 0
     try:
@@ -255,6 +283,12 @@ def main(argv: list[str]) -> int:
         )
         log("node up")
         while not stopping:
+            if kubelet_wanted is not None:
+                wanted, kubelet_wanted = kubelet_wanted, None
+                if wanted:
+                    children.revive("kubelet")
+                else:
+                    children.kill("kubelet")
             problem = children.exited()
             if problem:
                 log(problem)

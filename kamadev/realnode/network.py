@@ -8,9 +8,45 @@ Removing the bridge removes its routes; a node's veth goes with its namespace.
 
 from __future__ import annotations
 
+import fcntl
 import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
 
-from kamadev.realnode.addresses import StackAddresses
+from kamadev.realnode.addresses import SERVICE_OCTET, StackAddresses
+
+OCTET_LOCKS = Path(tempfile.gettempdir()) / "kama-stack-octets"
+
+
+@dataclass
+class OctetClaim:
+    """The octet `O` of the stack's `10.O.0.0/16`, held with a lock file for the
+    stack's life, so two stacks on one machine (a test suite's and `make dev`'s) never
+    share addresses, a bridge or cgroups. A crashed stack's lock drops with it; what it
+    left is swept by the next stack that claims its octet."""
+
+    octet: int
+    lock: IO[bytes]
+
+    @classmethod
+    def claim(cls) -> OctetClaim:
+        OCTET_LOCKS.mkdir(exist_ok=True)
+        for octet in range(1, 255):
+            if octet == SERVICE_OCTET:
+                continue
+            lock = (OCTET_LOCKS / f"10.{octet}.lock").open("ab")
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.close()
+                continue
+            return cls(octet=octet, lock=lock)
+        raise RuntimeError(f"every stack octet is taken (locks in {OCTET_LOCKS})")
+
+    def release(self) -> None:
+        self.lock.close()
 
 
 def ip(*args: str, netns_pid: int | None = None) -> str:

@@ -20,7 +20,7 @@ from kamadev.pki import CertificateAuthority, CertPair
 from kamadev.processes import ManagedProcess, wait_until
 from kamadev.realnode import cgroups, configs, network
 from kamadev.realnode.addresses import StackAddresses
-from kamadev.realnode.init import NETWORK_READY, InitConfig
+from kamadev.realnode.init import KUBELET_KILL, KUBELET_START, NETWORK_READY, InitConfig
 
 log = logging.getLogger("kamadev")
 
@@ -126,6 +126,9 @@ class RealNode:
             name="system:kube-proxy",
         )
         (conf / "containerd.toml").write_text(configs.containerd_config(layout))
+        for path, text in configs.registry_hosts(layout).items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
         (self.directory / "cni-conf" / "10-kama.conflist").write_text(configs.cni_config(layout))
         (conf / "kubelet.yaml").write_text(configs.kubelet_config(layout))
         (conf / "kube-proxy.yaml").write_text(
@@ -184,6 +187,15 @@ class RealNode:
     def check_alive(self) -> None:
         if self.process is not None:
             self.process.check_alive()
+
+    def kill_kubelet(self) -> None:
+        """The node's kubelet dies (its containers keep running), as in a crash."""
+        assert self.process is not None
+        os.kill(self.process.pid, KUBELET_KILL)
+
+    def start_kubelet(self) -> None:
+        assert self.process is not None
+        os.kill(self.process.pid, KUBELET_START)
 
     def stop(self) -> None:
         if self.process is not None:

@@ -271,7 +271,7 @@ def values(namespace: str, hub: HubFixture) -> dict[str, Any]:
             }
         },
         "worker": component,
-        "watcher": {**local["watcher"], **component},
+        "watcher": component,
         "gateway": component,
     }
 

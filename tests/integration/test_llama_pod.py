@@ -1,4 +1,4 @@
-"""A llama-server Pod on the process node: model on a PVC mounted read-only, Ready
+"""A llama-server Pod on a real node: model on a PVC mounted read-only, Ready
 through its readiness probe, answering on its own pod IP, gone after deletion."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import httpx
 from kamadev.demo import LLAMA_PORT, claim_host_path, claim_manifest, llama_pod_manifest
 from kamadev.gguf_factory import ModelShape, write_model
 from kamadev.stack import LocalStack
+from tests.integration.test_serving_plane import llama_server_pid
 from tests.support import apply, eventually, get_json, kubectl, pid_alive
 
 
@@ -23,7 +24,11 @@ def ready_pod(stack: LocalStack, namespace: str, name: str) -> dict[str, Any]:
 
 
 def container_pid(pod: dict[str, Any]) -> int:
-    return int(pod["status"]["containerStatuses"][0]["containerID"].removeprefix("process://"))
+    """The pod's llama-server as this host's /proc sees it (containers share its PID
+    namespace view from the outside)."""
+    pid = llama_server_pid(pod["status"]["podIP"])
+    assert pid is not None, pod["metadata"]["name"]
+    return pid
 
 
 def test_llama_server_pod_serves_and_stops(stack: LocalStack, namespace: str) -> None:
@@ -37,7 +42,7 @@ def test_llama_server_pod_serves_and_stops(stack: LocalStack, namespace: str) ->
     apply(stack, *pods)
     pod_a, pod_b = ready_pod(stack, namespace, "llama-a"), ready_pod(stack, namespace, "llama-b")
     ip_a, ip_b = pod_a["status"]["podIP"], pod_b["status"]["podIP"]
-    assert ip_a != ip_b, "every pod gets its own loopback IP so both can listen on the same port"
+    assert ip_a != ip_b, "every pod gets its own IP so both can listen on the same port"
 
     with httpx.Client(timeout=30) as http:
         completion = http.post(

@@ -27,7 +27,7 @@ PYTHON = "/usr/bin/python3.11"
 
 @pytest.fixture(scope="module")
 def real_stack() -> Iterator[LocalStack]:
-    local = LocalStack(with_temporal=False, real_nodes=2).start()
+    local = LocalStack(with_temporal=False).start()
     try:
         yield local
     finally:
@@ -230,8 +230,7 @@ def test_a_service_answers_from_the_other_node_by_name(real_stack: LocalStack, n
 def host_leftovers(stack: LocalStack) -> dict[str, Any]:
     """What of the stack's nodes would still be on the host: processes, mounts,
     cgroups, network interfaces and iptables rules."""
-    assert stack.real_nodes is not None
-    addresses = stack.real_nodes.addresses
+    addresses = stack.nodes.addresses
     links = json.loads(
         subprocess.run(["ip", "-j", "link"], capture_output=True, text=True, check=True).stdout
     )
@@ -258,7 +257,7 @@ def host_leftovers(stack: LocalStack) -> dict[str, Any]:
 
 
 def test_teardown_leaves_nothing_on_the_host() -> None:
-    own = LocalStack(with_temporal=False, real_nodes=2).start()
+    own = LocalStack(with_temporal=False).start()
     try:
         apply(
             own, python_pod("sleeper", "default", "import time; time.sleep(3600)", restart="Always")
@@ -280,3 +279,102 @@ def test_teardown_leaves_nothing_on_the_host() -> None:
         "links": [],
         "iptables": [],
     }
+
+
+def claim(namespace: str, name: str, mode: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"accessModes": [mode], "resources": {"requests": {"storage": "10Mi"}}},
+    }
+
+
+def writers(namespace: str, name: str, claim_name: str, *, spread: bool) -> dict[str, Any]:
+    """Two replicas writing their node's name into the claim; `spread` requires them
+    on different nodes."""
+    labels = {"app": name}
+    script = (
+        "import os, time\n"
+        "open(f\"/data/{os.environ['NODE']}-{os.environ['POD']}\", 'w').write('x')\n"
+        "time.sleep(3600)\n"
+    )
+    pod = python_pod(name, namespace, script, labels=labels, restart="Always")["spec"]
+    container = pod["containers"][0]
+    container["volumeMounts"] = [{"name": "data", "mountPath": "/data"}]
+    container["env"] = [
+        {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ]
+    pod["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": claim_name}}]
+    if spread:
+        pod["affinity"] = {
+            "podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "labelSelector": {"matchLabels": labels},
+                        "topologyKey": "kubernetes.io/hostname",
+                    }
+                ]
+            }
+        }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": pod},
+        },
+    }
+
+
+def nodes_that_wrote(path: Path) -> list[str]:
+    """`writers` name their files `<node>-<pod>`, and their pods are `rw?-...`."""
+    return sorted(p.name.rsplit("-rw", 1)[0] for p in path.iterdir())
+
+
+def running_nodes(stack: LocalStack, namespace: str, app: str) -> list[str]:
+    pods = get_json(stack, "pods", "-n", namespace, "-l", f"app={app}")["items"]
+    running = [p for p in pods if p.get("status", {}).get("phase") == "Running"]
+    return sorted(p["spec"]["nodeName"] for p in running) if len(running) == 2 else []
+
+
+def test_a_read_write_once_volume_keeps_its_pods_on_its_node(
+    real_stack: LocalStack, ns: str
+) -> None:
+    apply(
+        real_stack, claim(ns, "local", "ReadWriteOnce"), writers(ns, "rwo", "local", spread=False)
+    )
+    nodes = eventually(
+        lambda: running_nodes(real_stack, ns, "rwo"), timeout=90, what="both replicas running"
+    )
+    volume = get_json(real_stack, "pvc", "local", "-n", ns)["spec"]["volumeName"]
+    pv = get_json(real_stack, "pv", volume)
+    terms = pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
+    [pinned] = terms[0]["matchExpressions"][0]["values"]
+    assert nodes == [pinned, pinned]
+    path = Path(pv["spec"]["hostPath"]["path"])
+    eventually(
+        lambda: nodes_that_wrote(path) == [pinned, pinned],
+        timeout=30,
+        what="both replicas' files in the volume",
+    )
+
+
+def test_a_shared_volume_is_mounted_on_both_nodes(real_stack: LocalStack, ns: str) -> None:
+    apply(
+        real_stack, claim(ns, "shared", "ReadWriteMany"), writers(ns, "rwx", "shared", spread=True)
+    )
+    nodes = eventually(
+        lambda: running_nodes(real_stack, ns, "rwx"), timeout=90, what="one replica per node"
+    )
+    assert nodes == ["kama-node-0", "kama-node-1"]
+    volume = get_json(real_stack, "pvc", "shared", "-n", ns)["spec"]["volumeName"]
+    path = Path(get_json(real_stack, "pv", volume)["spec"]["hostPath"]["path"])
+    eventually(
+        lambda: nodes_that_wrote(path) == nodes,
+        timeout=30,
+        what="a file from each node in the shared volume",
+    )

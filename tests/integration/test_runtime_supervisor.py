@@ -15,7 +15,7 @@ import httpx
 from kama.serving_plan import LLAMA_PORT, SUPERVISOR_PORT, ServingPlan
 from kama.serving_pod import ServingTemplate, serving_pod_manifest
 from kamadev.gguf_factory import ModelShape, write_model
-from kamadev.stack import KAMA_IMAGE
+from kamadev.stack import KAMA_LLAMA_IMAGE
 from tests.conftest import KamaControl
 from tests.integration.test_artifact_plane import cache, hf_artifact, wait_condition
 from tests.support import apply, eventually, get_json, kubectl
@@ -24,7 +24,7 @@ from tests.support import apply, eventually, get_json, kubectl
 def runtime_pod(namespace: str, name: str, *, plan: ServingPlan, sub_path: str) -> dict[str, Any]:
     """Kama's own serving pod manifest, under a plain name and without an owner."""
     template = ServingTemplate(
-        image=KAMA_IMAGE,
+        image=KAMA_LLAMA_IMAGE,
         plan=plan,
         claim_name="kama-cache-models",
         sub_path=sub_path,

@@ -55,7 +55,7 @@ def ready_artifact(
     shared: bool = False,
 ) -> dict[str, Any]:
     """An imported artifact, in the namespace's cache `models` (a ReadWriteOnce claim:
-    the stack's local volume on the process node) or, `shared`, in a cache `shared`
+    a local volume pinned to one node) or, `shared`, in a cache `shared`
     (ReadWriteMany: a volume every node, fake ones included, can mount)."""
     repo = f"acme/serve-{uuid.uuid4().hex[:6]}"
     model = write_model(

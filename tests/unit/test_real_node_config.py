@@ -71,9 +71,11 @@ def test_containerd_never_lowers_oom_score_and_uses_the_nodes_cni(tmp_path: Path
     runtime = config["plugins"]["io.containerd.cri.v1.runtime"]
     assert runtime["restrict_oom_score_adj"] is True
     assert runtime["cni"]["conf_dir"] == str(node.directory / "cni-conf")
-    assert config["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"] == (
-        configs.PAUSE_IMAGE
-    )
+    images = config["plugins"]["io.containerd.cri.v1.images"]
+    assert images["pinned_images"]["sandbox"] == configs.PAUSE_IMAGE
+    [(hosts, text)] = configs.registry_hosts(node).items()
+    assert hosts.parent.parent == Path(images["registry"]["config_path"])
+    assert tomllib.loads(text)["server"] == "https://127.0.0.1:1"  # nothing is ever pulled
     cni = json.loads(configs.cni_config(node))
     assert cni["plugins"][0]["ipam"]["ranges"] == [[{"subnet": "10.7.11.0/24"}]]
 

@@ -92,6 +92,17 @@ def test_failed_pods_are_removed_and_replaced() -> None:
     assert step.remove == ("m-0",) and step.create == (2,)
 
 
+def test_pods_on_a_lost_node_are_removed_and_replaced_elsewhere() -> None:
+    # the node stopped answering: its pod may still say Running, and an eviction that
+    # the dead kubelet never confirms leaves it deleting forever
+    lost = pod("m-0", ready=False, node="n-1", node_lost=True)
+    evicted = pod("m-1", ready=False, node="n-1", node_lost=True, deleting=True)
+    step = plan_rollout(pods=[lost, evicted, pod("m-2")], fingerprint=FP, desired=3, next_ordinal=3)
+    assert step.remove == ("m-0", "m-1")
+    assert step.create == (3, 4)
+    assert step.drain == ()
+
+
 def test_scale_down_drains_not_ready_then_newest() -> None:
     pods = [pod("m-0"), pod("m-1", ready=False), pod("m-2"), pod("m-3")]
     step = plan_rollout(pods=pods, fingerprint=FP, desired=2, next_ordinal=4)
