@@ -1,5 +1,5 @@
-"""`python -m kamadev` (what `make dev` runs): the local stack (control plane, process
-node, Temporal) with Kama's processes and a demo model at zero replicas, until Ctrl-C.
+"""`python -m kamadev` (what `make dev` runs): the local stack (control plane, two real
+nodes, Temporal) with Kama's processes and a demo model at zero replicas, until Ctrl-C.
 Development tooling: Kama itself never imports this package."""
 
 from __future__ import annotations

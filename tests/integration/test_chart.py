@@ -133,11 +133,13 @@ def admission_fence(
     rules: list[dict[str, Any]],
     refuse: str,
     message: str,
+    who: str = f"request.userInfo.username == '{HOST_KAMA_USER}'",
 ) -> Iterator[None]:
-    """A ValidatingAdmissionPolicy in `namespace` that denies the host Kama's
-    certificate (the process node's too) the requests of `rules` for which the CEL
-    `refuse` holds, and a `<name>-probe` configmap it always refuses, so the fence is
-    known to be in force before the block runs and lifted after it."""
+    """A ValidatingAdmissionPolicy in `namespace` that denies the users CEL `who`
+    names (by default the host Kama's certificate) the requests of `rules` for which
+    the CEL `refuse` holds, and a `<name>-probe` configmap it always refuses (to the
+    test's own admin user too), so the fence is known to be in force before the block
+    runs and lifted after it."""
     probe = f"{name}-probe"
     policy = {
         "apiVersion": "admissionregistration.k8s.io/v1",
@@ -159,8 +161,7 @@ def admission_fence(
             "matchConditions": [
                 {
                     "name": "host-kama",
-                    "expression": f"request.userInfo.username == '{HOST_KAMA_USER}' && "
-                    f"(request.name == '{probe}' || ({refuse}))",
+                    "expression": f"request.name == '{probe}' || (({who}) && ({refuse}))",
                 }
             ],
             "validations": [{"expression": "false", "message": message}],
@@ -203,10 +204,8 @@ def fenced(stack: LocalStack, namespace: str) -> Iterator[str]:
     """Host-process Kama (other tests' `kama_control`, on the stack's own Temporal) may
     not act in `namespace`: its watcher may still start workflows for the resources here
     once the chart's watcher added the finalizer, but its worker cannot create, label or
-    delete pods or write the resources' status, finalizers or scale. The process node
-    uses the same certificate: it only writes pod status and events, and deletes pods
-    whose deletion has begun. This test itself only creates resources (it changes them
-    as another user, `patch_chat`)."""
+    delete pods or write the resources' status, finalizers or scale. This test itself
+    only creates resources (it changes them as another user, `patch_chat`)."""
     kama_writes = (
         "request.resource.group == 'kama.dev' || "
         "(request.resource.resource == 'pods' && request.subResource == '' && "
@@ -581,9 +580,9 @@ def pod_status_fence(
     stack: LocalStack, namespace: str, deployment: str, keep: str
 ) -> Iterator[None]:
     """Hold `deployment`'s pods of any template but `keep` unready: the API server
-    refuses the process node's status reports for them (as a replica whose model takes
-    long to load), so a rollout stays in flight for as long as the test needs. Lifted
-    on exit; the process node reports again and the pod becomes ready."""
+    refuses the kubelets' status reports for them (as a replica whose model takes long
+    to load), so a rollout stays in flight for as long as the test needs. Lifted on
+    exit; the kubelet reports again and the pod becomes ready."""
     held = (
         "request.subResource == 'status' && has(object.metadata.labels) && "
         "'kama.dev/deployment' in object.metadata.labels && "
@@ -602,6 +601,7 @@ def pod_status_fence(
     with admission_fence(
         stack, namespace, name=f"kama-status-fence-{namespace}", rules=rules, refuse=held,
         message="held unready by test_chart",
+        who="request.userInfo.username.startsWith('system:node:')",
     ):  # fmt: skip
         yield
 

@@ -9,7 +9,9 @@ by the stack; nothing is pulled.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,10 +19,12 @@ from typing import Any
 
 import pytest
 
+from kamadev.binaries import REPO_ROOT
 from kamadev.processes import processes_with_marker
-from kamadev.realnode import cgroups
+from kamadev.realnode import cgroups, network
+from kamadev.realnode.addresses import StackAddresses
 from kamadev.stack import KAMA_IMAGE, LocalStack
-from tests.support import apply, eventually, get_json, kubectl
+from tests.support import apply, eventually, get_json, kubectl, pid_alive
 
 PYTHON = "/usr/bin/python3.11"
 
@@ -378,3 +382,56 @@ def test_a_shared_volume_is_mounted_on_both_nodes(real_stack: LocalStack, ns: st
         timeout=30,
         what="a file from each node in the shared volume",
     )
+
+
+CRASHING_STACK = """
+import json, sys, time
+from kamadev.stack import LocalStack
+from tests.support import eventually, get_json
+stack = LocalStack(with_temporal=False, nodes=1).start()
+eventually(
+    lambda: [p for p in get_json(stack, "pods", "-n", "kube-system")["items"]
+             if p.get("status", {}).get("phase") == "Running"],
+    timeout=90, what="CoreDNS running",
+)
+print(json.dumps({"octet": stack.nodes.addresses.octet, "workdir": str(stack.workdir),
+                  "root": stack.nodes.nodes[0].cgroup_root}), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_stack_after_a_crashed_one_sweeps_what_it_left() -> None:
+    crashed = subprocess.Popen(
+        [sys.executable, "-c", CRASHING_STACK], stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT
+    )
+    try:
+        assert crashed.stdout is not None
+        left = json.loads(crashed.stdout.readline())
+    finally:
+        crashed.kill()  # SIGKILL: no teardown at all
+        crashed.wait()
+    addresses = StackAddresses(octet=left["octet"])
+    try:
+        # its daemons died with it; its containers, cgroups and bridge did not
+        orphans = cgroups.processes_below(left["root"])
+        assert orphans, "the crashed node's containers outlive it"
+        assert cgroups.leftovers(prefix=addresses.cgroup_prefix())
+        assert network.link_exists(addresses.bridge)
+
+        after = LocalStack(with_temporal=False, nodes=1).start()
+        try:
+            assert after.nodes.addresses.octet == left["octet"]
+            assert not any(pid_alive(pid) for pid in orphans)
+            assert after.nodes.nodes[0].name == "kama-node-0"
+        finally:
+            after.stop()
+            after.remove_workdir()
+        assert host_leftovers(after) == {
+            "processes": [],
+            "mounts": [],
+            "cgroups": [],
+            "links": [],
+            "iptables": [],
+        }
+    finally:
+        shutil.rmtree(left["workdir"], ignore_errors=True)
