@@ -113,7 +113,7 @@ def start_kama_demo(stack: LocalStack) -> KamaDemo:
             )
             return bool(json.loads(out).get("status", {}).get("phase") == "Ready")
 
-        wait_until(artifact_ready, timeout=180, what="the demo artifact to be imported")
+        wait_until(artifact_ready, timeout=300, what="the demo artifact to be imported")
     except BaseException:
         demo.stop()
         raise

@@ -33,13 +33,21 @@ SYSTEM = "system"  # below a node's root: its init, containerd, kubelet and the 
 
 def create_root(*, root: str) -> None:
     """The node's root (the kubelet's cgroupRoot) and its `system` child, in every
-    hierarchy; cpusets inherit their parent's CPUs and memory nodes."""
+    hierarchy; cpusets inherit their parent's CPUs and memory nodes.
+
+    The root weighs as much as a machine's worth of busy tasks (cgroup v1 gives every
+    task at the top level the weight 1024 of a whole group): a node's pods compete with
+    the stack's own host processes (control plane, Temporal, a test's clients) as a
+    machine does with its neighbours, instead of as one more task among many."""
     for hierarchy in hierarchies():
         for path in (hierarchy / root.lstrip("/"), hierarchy / root.lstrip("/") / SYSTEM):
             path.mkdir(exist_ok=True)
             if hierarchy.name == "cpuset":
                 for name in ("cpuset.cpus", "cpuset.mems"):
                     (path / name).write_text((path.parent / name).read_text())
+        if hierarchy.name == "cpu":
+            shares = 1024 * (os.cpu_count() or 1)
+            (hierarchy / root.lstrip("/") / "cpu.shares").write_text(str(shares))
 
 
 def join_system(*, root: str, pid: int) -> None:

@@ -17,7 +17,7 @@ from typing import IO
 
 from kamadev.realnode.addresses import SERVICE_OCTET, StackAddresses
 
-OCTET_LOCKS = Path(tempfile.gettempdir()) / "kama-stack-octets"
+OCTET_LOCKS = Path(tempfile.gettempdir()) / "kama-octets"
 
 
 @dataclass

@@ -202,7 +202,10 @@ def test_load_split_by_slot_pressure_and_killed_replica(
         pods = list(pool.map(lambda _: completion_pod(gw, model, 256), range(32)))
     counts = Counter(pods)
     assert all(p.startswith("pair-") for p in pods), counts
-    assert len(counts) == 2 and min(counts.values()) >= 10, f"load split by slots: {counts}"
+    # each replica took at least its 4 slots' worth: the burst filled both replicas'
+    # slots instead of queueing on the faster one (how the rest splits follows each
+    # replica's speed, which on two real nodes depends on what else they run)
+    assert len(counts) == 2 and min(counts.values()) >= 4, f"load split by slots: {counts}"
 
     victim = sorted(counts)[0]
     (victim_pod,) = [
