@@ -36,10 +36,9 @@ def stack() -> Iterator[LocalStack]:
         assert not leftovers, f"teardown had to sweep processes: {leftovers}"
 
 
-@pytest.fixture
-def namespace(stack: LocalStack) -> Iterator[str]:
-    """A fresh namespace per test."""
-    name = f"t-{uuid.uuid4().hex[:8]}"
+def fresh_namespace(stack: LocalStack, *, prefix: str = "t") -> Iterator[str]:
+    """A new namespace with its default service account, deleted afterwards."""
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
     kubectl(stack, "create", "namespace", name)
     eventually(
         lambda: (
@@ -51,6 +50,12 @@ def namespace(stack: LocalStack) -> Iterator[str]:
     )
     yield name
     kubectl(stack, "delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def namespace(stack: LocalStack) -> Iterator[str]:
+    """A fresh namespace per test."""
+    yield from fresh_namespace(stack)
 
 
 @pytest.fixture(scope="session")

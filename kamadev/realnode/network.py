@@ -79,6 +79,18 @@ def remove_bridge(addresses: StackAddresses) -> None:
         ip("link", "del", addresses.bridge)
 
 
+def remove_veth(addresses: StackAddresses, index: int) -> None:
+    """The node's veth pair, at once: it would go with the node's network namespace,
+    but the kernel destroys a namespace asynchronously, a while after its last process."""
+    name = addresses.host_veth(index)
+    if link_exists(name):
+        try:
+            ip("link", "del", name)
+        except RuntimeError:
+            if link_exists(name):  # not just gone with its namespace meanwhile
+                raise
+
+
 def wire_node(*, addresses: StackAddresses, index: int, pid: int, nodes: int) -> None:
     """Give the node whose namespace holds `pid` its eth0 on the stack bridge, a
     default route to the host, and routes to the other nodes' pod ranges."""

@@ -25,6 +25,7 @@ from kamadev.realnode.init import KUBELET_KILL, KUBELET_START, NETWORK_READY, In
 log = logging.getLogger("kamadev")
 
 _NAMESPACE_TIMEOUT_S = 30.0
+MAX_NODES = 8  # what a sweep looks for
 _STOP_GRACE_S = 40.0
 
 
@@ -202,6 +203,7 @@ class RealNode:
             self.process.stop(grace=_STOP_GRACE_S)
             self.process = None
         killed = cgroups.remove_root(root=self.cgroup_root)
+        network.remove_veth(self.addresses, self.index)
         if killed:
             log.info("node %s: killed its %d container processes", self.name, len(killed))
 
@@ -212,4 +214,6 @@ def sweep_leftovers(addresses: StackAddresses) -> None:
     for name in sorted({path.name for path in cgroups.leftovers(prefix=addresses.cgroup_prefix())}):
         killed = cgroups.remove_root(root="/" + name)
         log.warning("swept cgroup %s left by a crashed stack (%d processes)", name, len(killed))
+    for index in range(MAX_NODES):
+        network.remove_veth(addresses, index)
     network.remove_bridge(addresses)

@@ -12,7 +12,6 @@ import json
 import shutil
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from kamadev.processes import processes_with_marker
 from kamadev.realnode import cgroups, network
 from kamadev.realnode.addresses import StackAddresses
 from kamadev.stack import KAMA_IMAGE, LocalStack
+from tests.conftest import fresh_namespace
 from tests.support import apply, eventually, get_json, kubectl, pid_alive
 
 PYTHON = "/usr/bin/python3.11"
@@ -41,20 +41,7 @@ def real_stack() -> Iterator[LocalStack]:
 
 @pytest.fixture
 def ns(real_stack: LocalStack) -> Iterator[str]:
-    name = f"r-{uuid.uuid4().hex[:8]}"
-    kubectl(real_stack, "create", "namespace", name)
-    eventually(
-        lambda: (
-            kubectl(
-                real_stack, "get", "serviceaccount", "default", "-n", name, check=False
-            ).returncode
-            == 0
-        ),
-        timeout=30,
-        what=f"service account default in {name}",
-    )
-    yield name
-    kubectl(real_stack, "delete", "namespace", name, "--wait=false", check=False)
+    yield from fresh_namespace(real_stack, prefix="r")
 
 
 def python_pod(
