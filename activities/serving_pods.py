@@ -79,10 +79,13 @@ def _node_facts(node: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def lost_nodes(nodes: list[dict[str, Any]]) -> set[str]:
-    """Nodes whose kubelet stopped answering: the node lifecycle controller set their
-    Ready condition to Unknown (or tainted them unreachable)."""
-    lost = set()
+def lost_nodes(nodes: list[dict[str, Any]], *, pods: list[dict[str, Any]]) -> set[str]:
+    """Nodes whose kubelet stopped answering (the node lifecycle controller set their
+    Ready condition to Unknown, or tainted them unreachable), and the nodes `pods` are
+    bound to that are gone."""
+    known = {node["metadata"]["name"] for node in nodes}
+    bound = {str(name) for pod in pods if (name := (pod.get("spec") or {}).get("nodeName"))}
+    lost = bound - known
     for node in nodes:
         conditions = {
             c["type"]: c["status"] for c in (node.get("status") or {}).get("conditions") or []
@@ -170,13 +173,7 @@ class ServingPodActivities:
         raw = self.api.sanitize_for_serialization(pods.items)
         with kube_call(verb="list", target=KubeTarget(resource="nodes")):
             nodes = self.api.sanitize_for_serialization(self.core.list_node().items)
-        lost = lost_nodes(nodes)
-        lost |= {
-            node
-            for pod in raw
-            if (node := (pod.get("spec") or {}).get("nodeName"))
-            and node not in {n["metadata"]["name"] for n in nodes}
-        }
+        lost = lost_nodes(nodes, pods=raw)
         return sorted((observed_pod(p, lost=lost) for p in raw), key=lambda p: p.name)
 
     @activity.defn(name="Create serving pod")

@@ -505,3 +505,23 @@ ARTIFACT = cond("ArtifactReady", "True", "Ready")
 def test_ready_condition_rule(conditions: list[dict[str, Any]], ready: tuple[bool, str]) -> None:
     kind, status, reason, message = ready_condition(conditions)
     assert (kind, status, reason) == ("Ready", *ready) and message
+
+
+def test_lost_nodes_are_unknown_unreachable_or_gone() -> None:
+    from activities.serving_pods import lost_nodes
+
+    def node(name: str, ready: str, taints: list[str] = []) -> dict[str, Any]:  # noqa: B006
+        return {
+            "metadata": {"name": name},
+            "spec": {"taints": [{"key": t, "effect": "NoExecute"} for t in taints]},
+            "status": {"conditions": [{"type": "Ready", "status": ready}]},
+        }
+
+    nodes = [
+        node("fine", "True"),
+        node("silent", "Unknown"),
+        node("cut", "False", ["node.kubernetes.io/unreachable"]),
+        node("sick", "False"),
+    ]
+    pods = [{"spec": {"nodeName": n}} for n in ("fine", "deleted")] + [{"spec": {}}]
+    assert lost_nodes(nodes, pods=pods) == {"silent", "cut", "deleted"}
