@@ -43,6 +43,8 @@ from gateway.drain_reports import report_drains
 from gateway.errors import GatewayError, server_refusal
 from gateway.held import DEFAULT_MAX_HELD_BYTES
 from gateway.inference import InferenceRoutes
+from gateway.keda_demand import GatewayDemandSource
+from gateway.keda_scaler import KedaExternalScaler, serve_keda_scaler, stop_keda_scaler
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, Proxy
 from gateway.registry import ModelRegistry
@@ -215,6 +217,8 @@ def create_app(
     api_factory: Callable[[], k8s.ApiClient],
     temporal_factory: Callable[[], Awaitable[Client]],
     max_held_bytes: int = DEFAULT_MAX_HELD_BYTES,
+    keda_scaler_host: str = "0.0.0.0",
+    keda_scaler_port: int = 0,  # 0: KEDA's external scaler is not served
 ) -> GatewayApp:
     holder = GatewayHolder()
 
@@ -266,12 +270,24 @@ def create_app(
                     )
                 ),
             ]
+            keda = None
             try:
+                if keda_scaler_port:
+                    source = GatewayDemandSource(
+                        registry=registry, client=temporal, cluster=settings.cluster
+                    )
+                    keda = await serve_keda_scaler(
+                        scaler=KedaExternalScaler(source=source),
+                        host=keda_scaler_host,
+                        port=keda_scaler_port,
+                    )
                 yield
             finally:
                 stop.set()
                 for task in background:
                     task.cancel()
+                if keda is not None:
+                    await stop_keda_scaler(keda)
 
     public, ops = build_apps(holder)
     return GatewayApp(public=public, ops=ops, lifespan=lifespan, holder=holder)

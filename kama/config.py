@@ -65,6 +65,9 @@ class Settings:
     # Prometheus /metrics of the worker and the watcher, on health_host; None: not served
     metrics_port: int | None = None  # Kama's own metrics (KAMA_METRICS_PORT)
     temporal_metrics_port: int | None = None  # the Temporal SDK's (KAMA_TEMPORAL_METRICS_PORT)
+    # host:port where KEDA reaches the gateways' external scaler (the chart's
+    # keda.enabled); None: KEDA mode is refused with an Event and Kama scales itself
+    keda_scaler_address: str | None = None
 
     def __post_init__(self) -> None:
         if problem := cluster_name_problem(self.cluster):
@@ -96,6 +99,7 @@ class Settings:
             health_host=env.get("KAMA_HEALTH_HOST") or defaults.health_host,
             metrics_port=_port(env.get("KAMA_METRICS_PORT")),
             temporal_metrics_port=_port(env.get("KAMA_TEMPORAL_METRICS_PORT")),
+            keda_scaler_address=env.get("KAMA_KEDA_SCALER_ADDRESS") or None,
         )
 
 

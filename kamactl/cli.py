@@ -69,6 +69,8 @@ def _gateway(args: argparse.Namespace) -> int:
         api_factory=kube_api,
         temporal_factory=lambda: connect_temporal(settings),
         max_held_bytes=args.max_held_bytes,
+        keda_scaler_host=args.host,
+        keda_scaler_port=args.keda_scaler_port,
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # no log line per request
     run(
@@ -145,6 +147,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="256Mi",
         help="request bytes the gateway holds at most while requests wait for a replica or "
         "a free slot, over all models; past it they get 429 (a quantity: 256Mi, 1Gi)",
+    )
+    gateway.add_argument(
+        "--keda-scaler-port",
+        type=int,
+        default=0,
+        help="serve KEDA's external scaler (gRPC, plaintext) on --host at this port; "
+        "0 (the default) serves none",
     )
     gateway.set_defaults(func=_gateway)
     sub.add_parser(

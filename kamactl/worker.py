@@ -31,6 +31,7 @@ def _stop_on_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> No
 
 
 async def run_worker(settings: Settings) -> None:
+    from activities.keda import KedaActivities
     from activities.kube import ImporterSettings, KubeActivities
     from activities.llama_server import LlamaServerActivities
     from activities.progress import ProgressActivities
@@ -59,6 +60,7 @@ async def run_worker(settings: Settings) -> None:
     )
     progress = ProgressActivities(client=client)
     serving = ServingPodActivities(api=api)
+    keda = KedaActivities(api=api, scaler_address=settings.keda_scaler_address)
     llama = LlamaServerActivities(http=httpx.Client(timeout=LLAMA_PROBE_TIMEOUT_S))
     stop = asyncio.Event()
     _stop_on_signals(asyncio.get_running_loop(), stop)
@@ -95,6 +97,8 @@ async def run_worker(settings: Settings) -> None:
                 serving.mark_draining,
                 serving.delete_pod,
                 serving.set_replicas,
+                keda.apply_scaled_object,
+                keda.delete_scaled_object,
                 llama.busy_slots,
             ],
             activity_executor=pool,

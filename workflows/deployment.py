@@ -24,6 +24,7 @@ from temporalio.exceptions import ChildWorkflowError
 
 from workflows.drain import SLOTS
 from workflows.entity import EntityWorkflow, Rest
+from workflows.keda_handoff import KedaHandoff, keep_handoff
 from workflows.kube_calls import call_kube
 
 with workflow.unsafe.imports_passed_through():
@@ -110,6 +111,7 @@ class DeploymentMemory:
     refused_rollout: str | None = None
     demand: DemandLedger = field(default_factory=DemandLedger)
     autoscaled_at_generation: int | None = None  # our scale not yet seen back in the spec
+    keda: KedaHandoff = field(default_factory=KedaHandoff)  # KEDA mode's ScaledObject
 
 
 # workflow.patched() markers; a history written before a change replays its old path.
@@ -150,6 +152,7 @@ class DeploymentWorkflowStatus(WorkflowStatus):
     ready_replicas: int = 0
     last_demand: str | None = None
     demand: int = 0  # requests in flight or queued, over every gateway
+    autoscaler: str = "Kama"  # who sets spec.replicas from demand now: Kama or KEDA
 
 
 @workflow.defn(name="Keep model deployment")
@@ -215,6 +218,7 @@ class DeploymentWorkflow(EntityWorkflow):
                 ready_replicas=found.get("readyReplicas", 0),
                 last_demand=self._memory.last_demand,
                 demand=self._memory.demand.total(),
+                autoscaler="KEDA" if self._memory.keda.in_effect else "Kama",
                 last_error=self._memory.rollout_failure,
             )
         )
@@ -239,12 +243,16 @@ class DeploymentWorkflow(EntityWorkflow):
         if spec.replicas != self._memory.seen_replicas and self._autoscaling:
             self._memory.demand.scaled(now=workflow.now())
         self._memory.seen_replicas = spec.replicas
+        keda = await self._keda_owns_replicas(snap, spec, retry=retry)
         if self._wake:
             self._wake = False
-            spec = await self._scale_for_wake(snap, spec)
+            if keda:  # the held request reaches KEDA through the gateway's scaler
+                self._memory.last_demand = workflow.now().isoformat()
+            else:
+                spec = await self._scale_for_wake(snap, spec)
         wait: timedelta | None = RESYNC
         scale_in: timedelta | None = None
-        if self._autoscaling:
+        if self._autoscaling and not keda:
             spec, scale_in = await self._autoscale(snap, spec)
         template = self._memory.template
         if template is not None:
@@ -258,7 +266,7 @@ class DeploymentWorkflow(EntityWorkflow):
             wait, self._doing = _next_pass(result, refused=refused)
             failed = result is not None and not result.converged and not refused
             self._pausing = failed and workflow.patched(PAUSE_AFTER_FAILED_ROLLOUT)
-        idle_in = await self._scale_down_when_idle(snap, spec)
+        idle_in = None if keda else await self._scale_down_when_idle(snap, spec)
         for due in (idle_in, scale_in):
             if due is not None:
                 wait = due if wait is None else min(wait, due)
@@ -511,6 +519,17 @@ class DeploymentWorkflow(EntityWorkflow):
         )
 
     # scale from and to zero ---------------------------------------------------
+
+    async def _keda_owns_replicas(
+        self, snap: EntitySnapshot, spec: ModelDeploymentSpec, *, retry: bool
+    ) -> bool:
+        """Whether KEDA sets spec.replicas now (`workflows.keda_handoff`): then Kama
+        neither wakes, nor autoscales, nor idles the model down; it still converges
+        the pods to spec.replicas and drains every leaving replica."""
+        news = await keep_handoff(self._memory.keda, snap=snap, spec=spec, retry=retry)
+        if news is not None:
+            await self._record(snap, type=news.type, reason=news.reason, message=news.message)
+        return self._memory.keda.in_effect
 
     def _idle_since(self) -> datetime:
         if self._memory.last_demand is None:

@@ -235,6 +235,11 @@ ScaleDownWindow = Annotated[
 ]
 
 
+class Autoscaler(StrEnum):
+    KAMA = "Kama"
+    KEDA = "KEDA"
+
+
 class Scaling(SpecModel):
     model_config = ConfigDict(json_schema_extra=cel(MIN_NOT_ABOVE_MAX))
 
@@ -252,6 +257,13 @@ class Scaling(SpecModel):
     scale_down_window: ScaleDownWindow = DEFAULT_SCALE_DOWN_WINDOW
     """Demand must want fewer replicas, and no scale have happened, for this long
     before Kama removes one replica."""
+    autoscaler: Autoscaler = Autoscaler.KAMA
+    """Who sets `spec.replicas` from demand. `Kama`: the rule above, built in. `KEDA`:
+    Kama writes a KEDA ScaledObject for this deployment (bounds, windows as the HPA's
+    stabilisation windows, idleTimeout as the cooldown, and the gateway's demand
+    through KEDA's external-scaler contract) and stands back from replica decisions
+    (wake, scale up and down, idle) while that ScaledObject exists; where KEDA is not
+    installed, Kama says so in an Event and keeps scaling itself."""
 
 
 class RoutingStrategy(StrEnum):
@@ -358,6 +370,7 @@ __all__ = [
     "MODELDEPLOYMENT_PLURAL",
     "MODELDEPLOYMENT_SHORT_NAME",
     "MODELDEPLOYMENT_SINGULAR",
+    "Autoscaler",
     "DeploymentCondition",
     "ModelDeployment",
     "ModelDeploymentSpec",

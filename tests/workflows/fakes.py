@@ -31,6 +31,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
+from activities.keda import KedaUnavailable, ScaledObjectRequest
 from activities.kube import (
     CacheClaim,
     CacheRequest,
@@ -67,8 +68,10 @@ from activities.serving_pods import (
     PodsRequest,
     ScaleRequest,
 )
+from kama.api.deployment import ModelDeploymentSpec
 from kama.contracts import PODS_CHANGED, SPEC_CHANGED, EntitySnapshot, ObjectRef
 from kama.rollout import ObservedPod
+from kama.scaled_object import scaled_object
 from kama.serving_pod import DEPLOYMENT_LABEL, FINGERPRINT_LABEL, ORDINAL_ANNOTATION
 
 NAMESPACE = "models"
@@ -225,6 +228,8 @@ class FakeCluster:
     claim_expansion: dict[str, str] = field(
         default_factory=lambda: {"state": "Sized", "message": "claim has 10Gi"}
     )  # what `Expand cache claim` answers (a ClaimExpansion as JSON)
+    keda_installed: bool = True  # whether ScaledObjects can be written
+    scaled_objects: dict[str, dict[str, Any]] = field(default_factory=dict)  # by name
     calls: list[Call] = field(default_factory=list)
     statuses: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     pods: dict[str, FakePod] = field(default_factory=dict)
@@ -269,6 +274,8 @@ class FakeCluster:
             self.mark_draining,
             self.delete_pod,
             self.set_replicas,
+            self.apply_scaled_object,
+            self.delete_scaled_object,
             self.count_busy_slots,
         ]
 
@@ -457,6 +464,23 @@ class FakeCluster:
         self.specs[workflow_id] = changed
         with contextlib.suppress(RPCError):  # the workflow may have ended
             await self.client.get_workflow_handle(workflow_id).signal(SPEC_CHANGED, changed)
+
+    # KEDA ---------------------------------------------------------------------------
+
+    @activity.defn(name="Apply KEDA ScaledObject")
+    async def apply_scaled_object(self, request: ScaledObjectRequest) -> None:
+        self._record("Apply KEDA ScaledObject", request)
+        if not self.keda_installed:
+            raise KedaUnavailable("the API server does not serve scaledobjects.keda.sh")
+        spec = ModelDeploymentSpec.model_validate(request.spec)
+        self.scaled_objects[request.ref.name] = scaled_object(
+            ref=request.ref, spec=spec, scaler_address="kama-gateway:9091"
+        )
+
+    @activity.defn(name="Delete KEDA ScaledObject")
+    async def delete_scaled_object(self, ref: ObjectRef) -> None:
+        self._record("Delete KEDA ScaledObject", ref)
+        self.scaled_objects.pop(ref.name, None)
 
     # llama-server ---------------------------------------------------------------------
 
