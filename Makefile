@@ -18,6 +18,7 @@ binaries:
 	bash deploy/local/build-llama.sh >/dev/null
 	bash deploy/local/build-helm.sh >/dev/null
 	bash deploy/local/build-node.sh >/dev/null
+	bash deploy/local/build-keda.sh >/dev/null
 
 # Helm from its Go module, into ~/.cache/kama/helm/<version>/bin
 helm:

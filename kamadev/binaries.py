@@ -2,8 +2,8 @@
 
 The scripts cache their output under ~/.cache/kama; this module runs them (they
 return at once when the cache is warm) and hands back the binary directories.
-Helm and Kama's images are looked up on demand (`ensure_helm`, `build_images`): only
-the chart's tests and `make images` need them.
+Helm, KEDA and Kama's images are looked up on demand (`ensure_helm`, `ensure_keda`,
+`build_images`): only the chart's tests, the KEDA tests and `make images` need them.
 """
 
 from __future__ import annotations
@@ -70,6 +70,32 @@ def ensure_binaries() -> Binaries:
 def ensure_helm() -> Path:
     """The helm binary built from helm.sh/helm/v4 (deploy/local/build-helm.sh)."""
     return _run_build("build-helm.sh") / "helm"
+
+
+@dataclass(frozen=True)
+class KedaBinaries:
+    """deploy/local/build-keda.sh's output: KEDA's operator (`keda`) and metrics adapter
+    (`keda-adapter`) in `bin`, and the CRDs of the same module version
+    (config/crd/bases) in `crds`."""
+
+    bin: Path
+
+    @property
+    def operator(self) -> Path:
+        return self.bin / "keda"
+
+    @property
+    def adapter(self) -> Path:
+        return self.bin / "keda-adapter"
+
+    @property
+    def crds(self) -> Path:
+        return self.bin.parent / "crds"
+
+
+def ensure_keda() -> KedaBinaries:
+    """KEDA built from github.com/kedacore/keda/v2 (kamadev.keda runs it on the stack)."""
+    return KedaBinaries(bin=_run_build("build-keda.sh"))
 
 
 @dataclass(frozen=True)

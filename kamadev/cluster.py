@@ -4,7 +4,9 @@ controllers on loopback, the API server on the address its nodes reach.
 
 Clients authenticate with certificates from one throw-away CA; authorization is
 `Node,RBAC` as in a production cluster. `LocalCluster.stop` kills everything it
-started (and sweeps by marker), so a failing test leaves no process behind.
+started (and sweeps by marker), so a failing test leaves no process behind. The
+aggregation layer is on (with a front-proxy CA of its own), so an extension API server
+on the host, KEDA's metrics adapter (kamadev.keda), can serve an APIService.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from kamadev.processes import ManagedProcess, free_port, wait_for_port
 
 SERVICE_CIDR = "10.96.0.0/16"
 _READY_TIMEOUT_S = 120.0
+# the identity the aggregator presents to extension API servers (APIServices), which
+# trust it only for this name and only from the front-proxy CA
+FRONT_PROXY_CLIENT = "front-proxy-client"
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,9 @@ class ClusterEndpoints:
     ca: Path
     kubelet_client: CertPair
     pki_dir: Path
+    # the CA of the aggregator's front-proxy client certificate: what an extension API
+    # server passes as --requestheader-client-ca-file (with FRONT_PROXY_CLIENT allowed)
+    front_proxy_ca: Path | None = None
 
 
 def write_kubeconfig(*, path: Path, server: str, ca: Path, user: CertPair, name: str) -> Path:
@@ -105,6 +113,12 @@ class LocalCluster:
             common_name="kube-apiserver-kubelet-client",
             organization="system:masters",
             client=True,
+        )
+        # the aggregation layer, as kubeadm sets it up: its own CA, so no client
+        # certificate of the main CA can assert X-Remote-User to an extension server
+        front_proxy_ca = CertificateAuthority(directory=self.pki_dir / "front-proxy")
+        front_proxy = front_proxy_ca.issue(
+            name="front-proxy-client", common_name=FRONT_PROXY_CLIENT, client=True
         )
         scheduler = ca.issue(name="scheduler", common_name="system:kube-scheduler", client=True)
         manager = ca.issue(
@@ -179,6 +193,16 @@ class LocalCluster:
                 f"--kubelet-client-key={kubelet_client.key}",
                 f"--kubelet-certificate-authority={ca.pair.cert}",
                 "--kubelet-preferred-address-types=InternalIP",
+                f"--requestheader-client-ca-file={front_proxy_ca.pair.cert}",
+                f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={front_proxy.cert}",
+                f"--proxy-client-key-file={front_proxy.key}",
+                # the API server runs on the host without kube-proxy: it dials an
+                # APIService's endpoint addresses, never its Service's cluster IP
+                "--enable-aggregator-routing=true",
                 "--allow-privileged=true",
                 "--enable-priority-and-fairness=false",
                 "--profiling=false",
@@ -212,6 +236,9 @@ class LocalCluster:
                 "--use-service-account-credentials=true",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--node-monitor-grace-period=40s",
+                # HPAs (KEDA's) re-read their metrics every 5 s, not every 15 s: a test
+                # waits for several such steps
+                "--horizontal-pod-autoscaler-sync-period=5s",
                 *common,
             ],
         )
@@ -221,6 +248,7 @@ class LocalCluster:
             ca=ca.pair.cert,
             kubelet_client=kubelet_client,
             pki_dir=self.pki_dir,
+            front_proxy_ca=front_proxy_ca.pair.cert,
         )
         self.ca = ca
         self._admin = admin

@@ -15,6 +15,7 @@ import pytest
 
 from kamadev.binaries import REPO_ROOT
 from kamadev.hub import HubFixture
+from kamadev.keda import LocalKeda
 from kamadev.processes import ManagedProcess, free_port, processes_with_marker, wait_until
 from kamadev.stack import KAMA_IMAGE, KAMA_LLAMA_IMAGE, LocalStack
 from tests.support import eventually, kubectl
@@ -140,6 +141,8 @@ def kama_control(crds: LocalStack, hub: HubFixture) -> Iterator[KamaControl]:
         "KAMA_IMPORTER_IMAGE": KAMA_IMAGE,
         "KAMA_RUNTIME_IMAGE": KAMA_LLAMA_IMAGE,
         "KAMA_CONTROL_QUEUE": f"kama-control-{uuid.uuid4().hex[:6]}",
+        # where KEDA (kamadev.keda, on this host) calls the session gateway's scaler
+        "KAMA_KEDA_SCALER_ADDRESS": f"127.0.0.1:{free_port()}",
     }
     control = KamaControl(
         stack=stack,
@@ -170,12 +173,16 @@ def gateway(kama_control: KamaControl) -> Iterator[GatewayProcess]:
     """`kama gateway` as a process on free loopback ports, ready once its watches
     listed (its /readyz, on the operational port)."""
     port, ops_port = free_port(), free_port()
+    keda_port = kama_control.env["KAMA_KEDA_SCALER_ADDRESS"].rsplit(":", 1)[1]
     process = _kama_process(
         kama_control.stack,
         "gateway",
         kama_control.env,
         name="gateway",
-        extra_args=["--host", "127.0.0.1", "--port", str(port), "--ops-port", str(ops_port)],
+        extra_args=[
+            *("--host", "127.0.0.1", "--port", str(port), "--ops-port", str(ops_port)),
+            *("--keda-scaler-port", keda_port),
+        ],
     )
     url, ops_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{ops_port}"
 
@@ -191,3 +198,14 @@ def gateway(kama_control: KamaControl) -> Iterator[GatewayProcess]:
         yield GatewayProcess(url=url, ops_url=ops_url, process=process, control=kama_control)
     finally:
         process.stop(grace=5)
+
+
+@pytest.fixture(scope="module")
+def local_keda(stack: LocalStack) -> Iterator[LocalKeda]:
+    """KEDA's operator and metrics adapter on the session stack (kamadev.keda), for the
+    modules that use KEDA only; stopped with their ScaledObjects and APIService gone."""
+    keda = LocalKeda(stack).start()
+    try:
+        yield keda
+    finally:
+        keda.stop()
