@@ -38,6 +38,7 @@ from typing import Any
 
 from kamadev.binaries import KedaBinaries, ensure_keda
 from kamadev.cluster import FRONT_PROXY_CLIENT
+from kamadev.host_service import host_service
 from kamadev.processes import ManagedProcess, free_port
 from kamadev.stack import LocalStack
 
@@ -240,32 +241,14 @@ class LocalKeda:
         port = int(self.adapter_address.rsplit(":", 1)[1])
         ca_bundle = base64.b64encode(self.stack.cluster.ca.pair.cert.read_bytes()).decode()
         objects = [
-            {
-                "apiVersion": "v1",
-                "kind": "Service",
-                "metadata": {"name": ADAPTER_SERVICE, "namespace": NAMESPACE},
-                "spec": {
-                    # no selector: the adapter is no pod, its endpoint is written below
-                    "ports": [{"name": "https", "port": 443, "targetPort": port}],
-                },
-            },
-            {
-                "apiVersion": "discovery.k8s.io/v1",
-                "kind": "EndpointSlice",
-                "metadata": {
-                    "name": f"{ADAPTER_SERVICE}-host",
-                    "namespace": NAMESPACE,
-                    "labels": {
-                        "kubernetes.io/service-name": ADAPTER_SERVICE,
-                        "endpointslice.kubernetes.io/managed-by": "kamadev.keda",
-                    },
-                },
-                "addressType": "IPv4",
-                "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
-                "endpoints": [
-                    {"addresses": [self.stack.service_host], "conditions": {"ready": True}}
-                ],
-            },
+            *host_service(
+                namespace=NAMESPACE,
+                name=ADAPTER_SERVICE,
+                port=443,
+                target_port=port,
+                address=self.stack.service_host,
+                port_name="https",
+            ),
             {
                 "apiVersion": "apiregistration.k8s.io/v1",
                 "kind": "APIService",

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
+from kubernetes import utils as k8s_utils
 
 from kamadev.binaries import (
     REPO_ROOT,
@@ -28,6 +29,7 @@ from kamadev.binaries import (
 )
 from kamadev.cluster import ClusterEndpoints, LocalCluster
 from kamadev.fake_nodes import FAKE_NODE_LABEL, now, ready_conditions
+from kamadev.host_service import host_service
 from kamadev.processes import ManagedProcess, free_port, sweep, wait_for_port, wait_until
 from kamadev.realnode.network import OctetClaim
 from kamadev.realnode.node import NodeImage
@@ -41,6 +43,10 @@ SHELL_IMAGE = "kama.dev/busybox:dev"  # Debian's busybox-static (deploy/local/bu
 KAMA_IMAGE = "kama.dev/kama:dev"
 KAMA_LLAMA_IMAGE = "kama.dev/kama-llama-server:dev"  # serving pods run `kama runtime`
 TEMPORAL_DEV_IMAGE = "kama.dev/kama-temporal-dev:dev"  # the chart's evaluation mode
+# the host's Temporal dev server as the stack's pods reach it: a Service by name
+STACK_NAMESPACE = "kama-system"
+TEMPORAL_SERVICE = "temporal"
+TEMPORAL_SERVICE_PORT = 7233
 
 
 @dataclass(frozen=True)
@@ -78,7 +84,7 @@ class LocalStack:
         self._cluster: ClusterEndpoints | None = None
         self._temporal: TemporalEndpoints | None = None
         self._relays: list[ManagedProcess] = []
-        self._temporal_for_pods = ""
+        self._temporal_relay = ""  # host:port of the relay on the bridge
         self._octet = OctetClaim.claim()
         self.nodes = RealNodes(
             count=nodes,
@@ -103,8 +109,11 @@ class LocalStack:
 
     @property
     def temporal_for_pods(self) -> str:
-        """Temporal's address as the stack's pods reach it (importer pods)."""
-        return self._temporal_for_pods or self.temporal.address
+        """Temporal's address as the stack's pods reach it (importer pods, the chart's
+        pods): the `temporal` Service in `kama-system`, whose endpoint is the relay."""
+        if not self._temporal_relay:
+            return self.temporal.address
+        return f"{TEMPORAL_SERVICE}.{STACK_NAMESPACE}.svc.cluster.local:{TEMPORAL_SERVICE_PORT}"
 
     def _relay(self, name: str, target: str) -> str:
         """A server on loopback made reachable from real nodes' pods: socat listening on
@@ -165,10 +174,12 @@ class LocalStack:
             self.cluster.api_address = self.nodes.prepare_network()
             if self.with_temporal:
                 self._temporal = self.temporal_server.start()
-                self._temporal_for_pods = self._relay("temporal", self._temporal.address)
+                self._temporal_relay = self._relay("temporal", self._temporal.address)
             self._cluster = self.cluster.start()
             self._start_nodes()
             self._wait_default_service_account()
+            if self._temporal_relay:
+                self._publish_temporal()
         except BaseException:
             self.stop()
             raise
@@ -206,6 +217,22 @@ class LocalStack:
             stack_id=self.stack_id,
             cwd=REPO_ROOT,
         )
+
+    def _publish_temporal(self) -> None:
+        """The host's Temporal as a Service for pods (kamadev.host_service)."""
+        api = self.api_client()
+        namespace = {"apiVersion": "v1", "kind": "Namespace"}
+        k8s_utils.create_from_dict(api, {**namespace, "metadata": {"name": STACK_NAMESPACE}})
+        address, port = self._temporal_relay.rsplit(":", 1)
+        for body in host_service(
+            namespace=STACK_NAMESPACE,
+            name=TEMPORAL_SERVICE,
+            port=TEMPORAL_SERVICE_PORT,
+            target_port=int(port),
+            address=address,
+            port_name="grpc",
+        ):
+            k8s_utils.create_from_dict(api, body)
 
     def _wait_default_service_account(self) -> None:
         core = self.core()

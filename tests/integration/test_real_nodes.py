@@ -218,6 +218,36 @@ def test_a_service_answers_from_the_other_node_by_name(real_stack: LocalStack, n
     assert "body served by node-0" in out
 
 
+def test_pods_reach_the_hosts_temporal_by_its_service_name(
+    stack: LocalStack, namespace: str
+) -> None:
+    """The Temporal dev server runs on the host; pods (importers, the chart's Kama) know
+    it as `temporal.kama-system.svc`: CoreDNS names it, kube-proxy takes the ClusterIP
+    to the relay on the bridge. A real Temporal client in a pod on each node asks it."""
+    assert stack.temporal_for_pods.startswith("temporal.kama-system.svc.cluster.local:")
+    client = (
+        "import asyncio, socket\n"
+        "from temporalio.client import Client\n"
+        "async def main():\n"
+        f"    client = await Client.connect({stack.temporal_for_pods!r})\n"
+        "    count = await client.count_workflows()\n"
+        "    print('resolved', socket.gethostbyname('temporal.kama-system.svc.cluster.local'))\n"
+        "    print('workflows counted', count.count >= 0)\n"
+        "asyncio.run(main())\n"
+    )
+    service_ip = get_json(stack, "service", "temporal", "-n", "kama-system")["spec"]["clusterIP"]
+    for node in ("kama-node-0", "kama-node-1"):
+        pod = python_pod(f"asks-{node}", namespace, client, node=node)
+        pod["spec"]["containers"][0]["command"][0] = "/opt/kama/bin/python"
+        apply(stack, pod)
+    for node in ("kama-node-0", "kama-node-1"):
+        state = terminated(stack, namespace, f"asks-{node}")
+        out = logs(stack, namespace, f"asks-{node}")
+        assert state["exitCode"] == 0, out
+        assert f"resolved {service_ip}" in out
+        assert "workflows counted True" in out
+
+
 def host_leftovers(stack: LocalStack) -> dict[str, Any]:
     """What of the stack's nodes would still be on the host: processes, mounts,
     cgroups, network interfaces and iptables rules."""
