@@ -266,7 +266,10 @@ class DeploymentWorkflow(EntityWorkflow):
             wait, self._doing = _next_pass(result, refused=refused)
             failed = result is not None and not result.converged and not refused
             self._pausing = failed and workflow.patched(PAUSE_AFTER_FAILED_ROLLOUT)
-        idle_in = None if keda else await self._scale_down_when_idle(snap, spec)
+        if keda:
+            idle_in = self._expire_for_keda(spec)
+        else:
+            idle_in = await self._scale_down_when_idle(snap, spec)
         for due in (idle_in, scale_in):
             if due is not None:
                 wait = due if wait is None else min(wait, due)
@@ -530,6 +533,14 @@ class DeploymentWorkflow(EntityWorkflow):
         if news is not None:
             await self._record(snap, type=news.type, reason=news.reason, message=news.message)
         return self._memory.keda.in_effect
+
+    def _expire_for_keda(self, spec: ModelDeploymentSpec) -> timedelta | None:
+        """KEDA reads the demand from the `status` query: forget the reports of
+        gateways gone silent (crashed, scaled in), as the built-in autoscaler does; how
+        long until the next look, while some demand is still reported."""
+        fresh_for = stale_after(spec)
+        self._memory.demand.expire(stale_after=fresh_for, now=workflow.now())
+        return fresh_for if self._memory.demand.total() > 0 else None
 
     def _idle_since(self) -> datetime:
         if self._memory.last_demand is None:

@@ -370,3 +370,33 @@ def test_importer_values_reach_the_importer_pods_the_worker_creates(
         helm, *EVAL, "--set", "importer.env[0].name=X", "--set", "importer.env[0].vaule=y"
     )
     assert "/importer/env/0" in typo and "vaule" in typo, typo
+
+
+def test_keda_mode_serves_the_scaler_and_lets_the_worker_write_scaled_objects(
+    helm: tuple[Path, dict[str, str]],
+) -> None:
+    """keda.enabled: every gateway serves KEDA's external scaler on its Service, the
+    worker gets that Service's address (which Settings reads) and may write
+    ScaledObjects; off (the default), none of it."""
+    for namespaced in ((), ("--set", "watchNamespaces={team-a}")):
+        docs = render(helm, *EVAL, *namespaced, "--set", "keda.enabled=true")
+        gateway = named(docs, "Deployment", "kama-gateway")["spec"]["template"]["spec"]
+        (container,) = gateway["containers"]
+        assert "--keda-scaler-port=9091" in container["args"]
+        assert {"name": "keda-scaler", "containerPort": 9091} in container["ports"]
+        service = named(docs, "Service", "kama-gateway")["spec"]["ports"]
+        assert any(p["name"] == "keda-scaler" and p["port"] == 9091 for p in service)
+        worker = named(docs, "Deployment", "kama-worker")["spec"]["template"]["spec"]
+        env = env_of(worker["containers"][0])
+        address = "kama-gateway.kama-system.svc:9091"
+        assert env["KAMA_KEDA_SCALER_ADDRESS"] == address
+        assert Settings.from_env(env).keda_scaler_address == address
+        rules = rules_by_component(docs)
+        assert verbs_on(rules["worker"], "scaledobjects") == {"create", "delete", "patch"}
+        assert not verbs_on(rules["gateway"], "scaledobjects")
+    docs = render(helm, *EVAL)
+    worker = named(docs, "Deployment", "kama-worker")["spec"]["template"]["spec"]
+    assert "KAMA_KEDA_SCALER_ADDRESS" not in env_of(worker["containers"][0])
+    assert not verbs_on(rules_by_component(docs)["worker"], "scaledobjects")
+    gateway = named(docs, "Deployment", "kama-gateway")["spec"]["template"]["spec"]
+    assert not any("keda" in arg for arg in gateway["containers"][0]["args"])

@@ -127,3 +127,23 @@ async def test_without_keda_the_model_keeps_kamas_autoscaler(
         assert len(stage.cluster.called("Apply KEDA ScaledObject")) == 1, (
             "a refused ScaledObject was tried again without a spec change"
         )
+
+
+async def test_a_silent_gateways_demand_ends_for_keda_too(
+    time_skipping: TimeSkippingServer,
+) -> None:
+    """KEDA reads the demand from the workflow's status: a gateway that crashed with
+    requests in flight must not keep the model up forever (its report goes stale after
+    three report periods, as for Kama's own autoscaler)."""
+    async with staged(time_skipping) as stage:
+        deployment = await scenarios.serving_deployment(
+            stage, "kedastale", autoscaler="KEDA", idleTimeout="1h", scaleDownWindow="1m"
+        )
+        await deployment.handle.signal(DEMAND, DemandReport(gateway="gw-gone", in_flight=2))
+        await stage.skip(timedelta(seconds=5))
+        assert (await deployment.handle.query(DeploymentWorkflow.status)).demand == 2
+        # report period here: a quarter of the 1m window, 15 s; stale after 45 s
+        await stage.skip(timedelta(minutes=2))
+        assert (await deployment.handle.query(DeploymentWorkflow.status)).demand == 0, (
+            "a crashed gateway's demand outlived its staleness"
+        )
