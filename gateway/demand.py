@@ -72,11 +72,20 @@ class ReportSchedule:
         return demand
 
 
+def queued_now(model: Model) -> int:
+    """Requests this gateway holds for a replica (at zero) or for a free slot."""
+    return model.held + sum(1 for w in model.slot_waiters if not w.granted.done())
+
+
+def local_demand(model: Model) -> int:
+    """This gateway's requests in flight or queued now, without side effects."""
+    return model.in_flight + queued_now(model)
+
+
 def current_demand(model: Model) -> int:
     """Requests in flight or queued now; at least one if any came and went since the
     last sample."""
-    queued = model.held + sum(1 for w in model.slot_waiters if not w.granted.done())
-    demand = model.in_flight + queued
+    demand = local_demand(model)
     if model.requests_since_report:
         model.requests_since_report = 0
         demand = max(demand, 1)
@@ -84,9 +93,10 @@ def current_demand(model: Model) -> int:
 
 
 def demand_report(model: Model, *, gateway: str) -> DemandReport:
-    queued = model.held + sum(1 for w in model.slot_waiters if not w.granted.done())
     pods = {e.pod: e.in_flight for e in model.endpoints.values() if e.in_flight}
-    return DemandReport(gateway=gateway, in_flight=model.in_flight, queued=queued, pods=pods)
+    return DemandReport(
+        gateway=gateway, in_flight=model.in_flight, queued=queued_now(model), pods=pods
+    )
 
 
 def gateway_identity() -> str:

@@ -26,6 +26,7 @@ from typing import Final
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
+from gateway.demand import local_demand
 from gateway.registry import Model, ModelRegistry
 from kama.contracts import ObjectRef, deployment_workflow_id
 from workflows.deployment import DeploymentWorkflow
@@ -36,13 +37,6 @@ QUERY_CACHE_S: Final = 1.0
 # KEDA waits for an answer only so long; a stalled Temporal costs at most this, and its
 # failure is cached like an answer
 QUERY_RPC_TIMEOUT: Final = timedelta(seconds=1)
-
-
-def local_demand(model: Model) -> int:
-    """This gateway's requests for `model` in flight or queued now (held for a replica
-    at zero, or waiting for a free slot), without side effects."""
-    waiting = sum(1 for w in model.slot_waiters if not w.granted.done())
-    return model.in_flight + model.held + waiting
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,10 @@ import pytest
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
+from gateway.demand import local_demand
 from gateway.keda import externalscaler_pb2 as pb
 from gateway.keda import externalscaler_pb2_grpc
-from gateway.keda_demand import QUERY_CACHE_S, GatewayDemandSource, local_demand
+from gateway.keda_demand import QUERY_CACHE_S, GatewayDemandSource
 from gateway.keda_scaler import (
     METRIC_NAME,
     STREAM_RECHECK_S,
