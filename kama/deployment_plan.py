@@ -35,11 +35,13 @@ from kama.durations import parse_duration
 from kama.memory import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MICRO_BATCH_SIZE,
+    MIB,
     ModelFacts,
     RuntimeEnvelope,
     format_bytes,
 )
 from kama.node_inventory import node_from_k8s
+from kama.quantities import parse_bytes
 from kama.planner import (
     Placement,
     PlacementMode,
@@ -119,7 +121,16 @@ def runtime_envelope(runtime: Runtime) -> RuntimeEnvelope:
         micro_batch_size=runtime.micro_batch_size or min(DEFAULT_MICRO_BATCH_SIZE, batch),
         flash_attention=runtime.flash_attention,
         threads=runtime.threads,
+        prompt_cache_mib=prompt_cache_mib(runtime.prompt_cache_memory),
     )
+
+
+def prompt_cache_mib(memory: str | None) -> int | None:
+    """`runtime.promptCacheMemory` in whole MiB for `--cache-ram`, rounded up so a small
+    nonzero quantity never turns the cache off."""
+    if memory is None:
+        return None
+    return -(-parse_bytes(memory) // MIB)
 
 
 def serving_plan(*, profile: Profile, entrypoint: str, manifest_digest: str) -> ServingPlan:
@@ -141,6 +152,7 @@ def serving_plan(*, profile: Profile, entrypoint: str, manifest_digest: str) -> 
         micro_batch_size=envelope.micro_batch_size,
         flash_attention=str(envelope.flash_attention),
         threads=envelope.threads,
+        prompt_cache_mib=envelope.prompt_cache_mib,
     )
 
 

@@ -32,6 +32,7 @@ Formulas (all bytes; ``E`` = n_embd, ``F`` = n_ff, ``V`` = n_vocab, ``H`` = n_he
     VRAM(gpu)      = weights on it + KV on it + compute(gpu) + CUDA_CONTEXT_RESERVE_BYTES
     RAM            = weights on the host (mmap'ed pages count) + KV on the host
                    + compute(host) + HOST_OVERHEAD_BYTES + b * V * 4 (output buffer)
+                   + the prompt cache's limit (--cache-ram) when the deployment sets one
                    + CUDA_HOST_RUNTIME_BYTES when any GPU is used
 
 ``size(t)`` is bytes per element from the ggml block size (q8_0: 34 bytes per 32).
@@ -273,6 +274,7 @@ class RuntimeEnvelope:
     micro_batch_size: int = DEFAULT_MICRO_BATCH_SIZE
     flash_attention: FlashAttention = FlashAttention.AUTO
     threads: int | None = None
+    prompt_cache_mib: int | None = None  # --cache-ram; None = llama-server's own, uncounted
 
     def __post_init__(self) -> None:
         _require_positive(
@@ -456,6 +458,7 @@ def estimate_memory(
         if is_host:
             weights += model.host_only_weight_bytes
             overhead = HOST_OVERHEAD_BYTES + envelope.batch_size * model.n_vocab * F32_BYTES
+            overhead += (envelope.prompt_cache_mib or 0) * MIB
             overhead += CUDA_HOST_RUNTIME_BYTES if gpus else 0
         else:
             overhead = CUDA_CONTEXT_RESERVE_BYTES

@@ -51,6 +51,7 @@ class ServingPlan:
     drain_timeout_s: float = 120.0
     load_mode: str | None = None  # --load-mode (runtime.expert.mlock / noMmap)
     cache_reuse: int | None = None  # --cache-reuse (runtime.expert.cacheReuse)
+    prompt_cache_mib: int | None = None  # --cache-ram (runtime.promptCacheMemory)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -97,5 +98,7 @@ class ServingPlan:
             args += ["--load-mode", self.load_mode]
         if self.cache_reuse is not None:
             args += ["--cache-reuse", str(self.cache_reuse)]
+        if self.prompt_cache_mib is not None:
+            args += ["--cache-ram", str(self.prompt_cache_mib)]
         args += ["--threads-http", str(self.concurrency + HTTP_THREADS_BEYOND_SLOTS)]
         return [*args, "--metrics", "--slots", "--no-context-shift", "--fit", "off"]

@@ -157,6 +157,11 @@ class Runtime(SpecModel):
     micro_batch_size: int | None = Field(default=None, ge=1, le=65536)
     flash_attention: FlashAttention = FlashAttention.AUTO
     threads: int | None = Field(default=None, ge=1, le=1024)
+    prompt_cache_memory: str | None = Field(default=None, max_length=32, pattern=QUANTITY_PATTERN)
+    """Host memory for llama-server's prompt cache (--cache-ram): conversations that
+    left their slot are kept there and restored when they come back. Counted in each
+    replica's memory estimate (and so its default memory request); 0 turns the cache
+    off; omitted = llama-server's own limit (8 GiB), which the estimate does not count."""
     expert: ExpertKnobs = Field(default_factory=ExpertKnobs)
 
     @model_validator(mode="after")

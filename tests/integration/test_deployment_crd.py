@@ -47,6 +47,11 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("context-tiny", with_path("runtime.contextSize", 16), "spec.runtime.contextSize"),
     ("kv-type", with_path("runtime.kvCache", {"keyType": "q3_k"}), "spec.runtime.kvCache.keyType"),
     (
+        "prompt-cache-memory",
+        with_path("runtime.promptCacheMemory", "lots"),
+        "spec.runtime.promptCacheMemory",
+    ),
+    (
         "quantized-v-without-flash-attention",
         with_path("runtime", {"kvCache": {"valueType": "q4_0"}, "flashAttention": "Off"}),
         "spec.runtime.kvCache.valueType",

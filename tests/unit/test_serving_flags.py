@@ -57,6 +57,39 @@ def test_cache_reuse_and_http_threads(generated: Path) -> None:
     assert http_threads is not None and int(http_threads) > 4
 
 
+def memory_request(generated: Path, **runtime: Any) -> int:
+    spec = ModelDeploymentSpec.model_validate(
+        {"modelRef": {"name": "m"}, "placement": {"mode": "CPU"}, "runtime": runtime}
+    )
+    decision = decide_deployment(
+        spec=spec, artifact=artifact_status(generated), nodes=[node("a", memory="8Gi")], image="i"
+    )
+    assert decision.template is not None
+    return int(decision.template.memory_request)
+
+
+@pytest.mark.parametrize(
+    ("memory", "flag", "counted"),
+    [
+        ("256Mi", "256", 256 << 20),
+        ("100M", "96", 96 << 20),  # 95.4 MiB rounds up: a small limit never turns it off
+        ("0", "0", 0),  # the prompt cache off
+    ],
+)
+def test_prompt_cache_memory_is_passed_and_counted(
+    generated: Path, memory: str, flag: str, counted: int
+) -> None:
+    """`runtime.promptCacheMemory` bounds llama-server's host-RAM prompt cache and the
+    replica's memory request grows by exactly that bound (a pod with a memory limit is
+    not OOM-killed by conversations its cache keeps); omitted, llama-server keeps its
+    own default and the estimate is unchanged."""
+    args = rendered(generated, promptCacheMemory=memory)
+    assert flag_value(args, "--cache-ram") == flag
+    assert "--cache-ram" not in rendered(generated)
+    grown = memory_request(generated, promptCacheMemory=memory) - memory_request(generated)
+    assert grown == counted
+
+
 def test_every_rendered_flag_exists_in_the_pinned_llama_cpp(generated: Path) -> None:
     llama_bin = ensure_binaries().llama_bin
     (arg_cpp,) = (llama_bin.parent / "src").glob("*/common/arg.cpp")
@@ -68,6 +101,7 @@ def test_every_rendered_flag_exists_in_the_pinned_llama_cpp(generated: Path) -> 
         batchSize=512,
         microBatchSize=256,
         threads=2,
+        promptCacheMemory="64Mi",
         expert={"mlock": True, "cacheReuse": 64},
     )
     flags = [a for a in args if a.startswith("--")]
