@@ -17,10 +17,13 @@ manifest digest (the artifact status's `manifestDigest`):
   cache). A file changed while llama-server runs is not noticed here; the `verify`
   signal re-hashes on demand, and Copy mode is the one that keeps its own bytes.
 
-Then it renders llama-server's flags from the
-plan only, starts llama-server once, and serves a readiness endpoint that is ready
-only while llama-server's `/health` is 200 and `/props` reports the expected model
-and slot count. On SIGTERM it stops being ready, waits until no slot is processing
+Its readiness endpoint listens first, before the check: a probe that arrives while
+the artifact is checked or llama-server loads waits for it (up to LOADING_WAIT_S,
+under the kubelet's probe timeout) instead of meeting a closed port, so a new replica
+is Ready at the probe that sees it load, not a probe period later. Then it renders
+llama-server's flags from the plan only, starts llama-server once, and the endpoint
+is ready only while llama-server's `/health` is 200 and `/props` reports the expected
+model and slot count. On SIGTERM it stops being ready, waits until no slot is processing
 (up to the plan's drain timeout), then stops llama-server and exits with its code.
 """
 
@@ -164,6 +167,7 @@ class Supervisor:
         self.draining = threading.Event()
         self.child: subprocess.Popen[bytes] | None = None
         self.was_ready = False  # llama-server has loaded (probes no longer wait)
+        self.checked = False  # the artifact passed check_artifact (llama-server may start)
 
     def _get(self, path: str) -> tuple[int, Any]:
         """GET one of llama-server's own routes (stdlib http.client: importing httpx
@@ -187,7 +191,9 @@ class Supervisor:
     def ready(self) -> tuple[bool, str]:
         if self.draining.is_set():
             return False, "draining"
-        if self.child is None or self.child.poll() is not None:
+        if self.child is None:
+            return False, "checking the artifact" if not self.checked else "starting llama-server"
+        if self.child.poll() is not None:
             return False, "llama-server is not running"
         try:
             if self._get("/health")[0] != 200:
@@ -209,6 +215,11 @@ class Supervisor:
             )
         return True, "ready"
 
+    def alive(self) -> bool:
+        """Live while the artifact is checked (a Direct artifact is hashed again, which
+        can outlast the liveness probe's failures) and while llama-server runs."""
+        return self.child is None or self.child.poll() is None
+
     def ready_when_loaded(self, *, wait_s: float = LOADING_WAIT_S) -> tuple[bool, str]:
         """`ready()`, waiting up to `wait_s` for llama-server to finish loading the
         first time (afterwards, and while draining, it answers at once)."""
@@ -217,8 +228,7 @@ class Supervisor:
             ok, why = self.ready()
             if ok:
                 self.was_ready = True
-            running = self.child is not None and self.child.poll() is None
-            if ok or self.was_ready or not running or self.draining.is_set():
+            if ok or self.was_ready or not self.alive() or self.draining.is_set():
                 return ok, why
             if time.monotonic() + LOADING_POLL_S > deadline:
                 return ok, why
@@ -261,7 +271,7 @@ class Supervisor:
                 if self.path == "/readyz":
                     ok, why = supervisor.ready_when_loaded()
                 elif self.path == "/livez":
-                    ok = supervisor.child is not None and supervisor.child.poll() is None
+                    ok = supervisor.alive()
                     why = "alive" if ok else "llama-server exited"
                 else:
                     ok, why = False, "not found"
@@ -284,11 +294,6 @@ def run_runtime() -> int:
     host = os.environ.get("POD_IP", "127.0.0.1")
     models = Path(os.environ.get("KAMA_MODELS_DIR", MODELS_DIR))
     in_place = os.environ.get(ARTIFACT_LAYOUT_ENV) == IN_PLACE_LAYOUT
-    try:
-        check_artifact(directory=models, plan=plan, in_place=in_place)
-    except ArtifactNotServable as exc:
-        print(f"kama runtime: refusing to start: {exc}", file=sys.stderr, flush=True)
-        return 2
     supervisor = Supervisor(
         plan=plan,
         host=host,
@@ -298,8 +303,18 @@ def run_runtime() -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    server = supervisor.serve_probes()  # first: probes wait for the start, not a closed port
+    try:
+        check_artifact(directory=models, plan=plan, in_place=in_place)
+    except ArtifactNotServable as exc:
+        server.shutdown()
+        print(f"kama runtime: refusing to start: {exc}", file=sys.stderr, flush=True)
+        return 2
+    supervisor.checked = True
+    if stop.is_set():  # SIGTERM during the check: nothing to drain
+        server.shutdown()
+        return 0
     supervisor.start_child()
-    server = supervisor.serve_probes()
     while not stop.wait(0.5):
         if supervisor.child is not None and supervisor.child.poll() is not None:
             code = supervisor.child.returncode

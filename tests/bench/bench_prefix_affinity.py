@@ -9,12 +9,18 @@ Each strategy gets its own deployment (the other scaled to zero first, so both r
 the same two cores) and its own fresh system prompts, so neither benefits from
 caches the other warmed.
 
-Two scenarios, each with both strategies: `shared` (8 sessions over 4 system prompts,
-two sessions a prompt) and `distinct` (every session its own system prompt). This
-llama-server keeps prompt caches beyond its slots, so under LeastLoad a conversation
-pays a full prefill once per replica it visits, under PrefixAffinity once: the gap
-grows with how many replicas a conversation would otherwise visit and shrinks when
-sessions share their prefix anyway.
+Three scenarios, each with both strategies: `shared` (8 sessions over 4 system
+prompts, two sessions a prompt, 4 sessions at a time) and `distinct` (every session
+its own system prompt), where llama-server's default prompt cache (8 GiB of host RAM)
+holds every conversation, so under LeastLoad a conversation pays a full prefill once
+per replica it visits, under PrefixAffinity once; and `crowded`: 16 conversations all
+live at once (each waits its turn for one of 4 request slots, as users who read and
+type between turns), each replica's prompt cache bounded
+(`runtime.promptCacheMemory`) to 8 conversations beyond its 2 slots. That is the
+regime of a production model, whose conversations are big next to the cache (an 8B
+model's 2,000-token conversation is 256 MiB of KV; 8 GiB holds 32 of them): under
+LeastLoad every replica sees every conversation and evicts them before they return,
+under PrefixAffinity each replica keeps its half.
 
 Then bounded load: one hot prefix (every request the same conversation start) from
 clients at 4x a replica's slots must still spread over both replicas; the benchmark
@@ -23,8 +29,10 @@ fails if the less used one answers under a quarter of the requests."""
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +50,13 @@ SHAPE = ModelShape(n_layer=8, n_embd=512, n_head=8, n_head_kv=8, n_ff=1536, n_ct
 SYSTEM_CHARS = 1700  # byte-level vocabulary: about one token a character
 SESSIONS = 8
 TURNS = 4
-CONCURRENCY = 4  # sessions in flight at once: two replicas of two slots
+CONCURRENCY = 4  # requests in flight at once: two replicas of two slots
 MAX_TOKENS = 8
+CROWDED_SESSIONS = 16
+CROWDED_CACHED = 8  # conversations a replica's prompt cache holds beyond its slots
+KV_BYTES_PER_TOKEN = SHAPE.n_layer * 2 * SHAPE.n_embd * 2  # K and V, f16, n_head_kv = n_head
+CONVERSATION_TOKENS = SYSTEM_CHARS + TURNS * 48  # turns and the chat template's marks
+PROMPT_CACHE_MIB = -(-CROWDED_CACHED * CONVERSATION_TOKENS * KV_BYTES_PER_TOKEN // (1 << 20))
 
 
 def system_prompt(tag: str, number: int) -> str:
@@ -51,45 +64,77 @@ def system_prompt(tag: str, number: int) -> str:
     return (words * (SYSTEM_CHARS // len(words) + 1))[:SYSTEM_CHARS]
 
 
-def one_session(url: str, model: str, system: str, session: int) -> list[tuple[float, float]]:
-    """TTFT and whole-turn time of each turn of one conversation (streamed)."""
+@dataclass(frozen=True)
+class Scenario:
+    sessions: int
+    prompts: int  # different system prompts among the sessions
+    live: bool = False  # all sessions at once, taking turns for CONCURRENCY request slots
+    prompt_cache_mib: int | None = None  # runtime.promptCacheMemory; None: llama-server's
+
+
+SCENARIOS = {
+    "shared": Scenario(sessions=SESSIONS, prompts=SESSIONS // 2),
+    "distinct": Scenario(sessions=SESSIONS, prompts=SESSIONS),
+    "crowded": Scenario(
+        sessions=CROWDED_SESSIONS,
+        prompts=CROWDED_SESSIONS,
+        live=True,
+        prompt_cache_mib=PROMPT_CACHE_MIB,
+    ),
+}
+
+
+def one_session(
+    url: str, model: str, system: str, session: int, turn_slots: threading.Semaphore
+) -> list[tuple[float, float]]:
+    """TTFT and whole-turn time of each turn of one conversation (streamed); each turn
+    holds one of `turn_slots` while it runs."""
     messages: list[dict[str, str]] = [{"role": "system", "content": system}]
     timings = []
     with httpx.Client(timeout=300) as client:
         for turn in range(TURNS):
             messages.append({"role": "user", "content": f"session {session} turn {turn}: go on"})
-            started = time.perf_counter()
-            first: float | None = None
-            text = []
-            with client.stream(
-                "POST",
-                f"{url}/v1/chat/completions",
-                json={"model": model, "messages": messages, "max_tokens": MAX_TOKENS,
-                      "stream": True, "temperature": 0},
-            ) as response:  # fmt: skip
-                assert response.status_code == 200, response.read()
-                for line in response.iter_lines():
-                    if line.startswith("data:") and first is None:
-                        first = time.perf_counter() - started
-                    if line.startswith("data:") and '"content"' in line:
-                        text.append(line)
-            assert first is not None
-            timings.append((first, time.perf_counter() - started))
+            with turn_slots:
+                timings.append(one_turn(client, url, model, messages))
             messages.append({"role": "assistant", "content": f"reply {turn}"})
     return timings
 
 
-SCENARIOS = {"shared": SESSIONS // 2, "distinct": SESSIONS}
-"""Scenario: how many different system prompts the sessions use."""
+def one_turn(
+    client: httpx.Client, url: str, model: str, messages: list[dict[str, str]]
+) -> tuple[float, float]:
+    """TTFT and whole time of one streamed chat request."""
+    started = time.perf_counter()
+    first: float | None = None
+    with client.stream(
+        "POST",
+        f"{url}/v1/chat/completions",
+        json={"model": model, "messages": messages, "max_tokens": MAX_TOKENS,
+              "stream": True, "temperature": 0},
+    ) as response:  # fmt: skip
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if line.startswith("data:") and first is None:
+                first = time.perf_counter() - started
+    assert first is not None
+    return first, time.perf_counter() - started
 
 
-def run_strategy(gw: GatewayProcess, namespace: str, name: str, *, prompts: int) -> dict[str, Any]:
+def run_strategy(
+    gw: GatewayProcess, namespace: str, name: str, *, scenario: Scenario
+) -> dict[str, Any]:
     model, tag = f"{namespace}/{name}", uuid.uuid4().hex[:6]
+    # live: every session has a thread and waits for a request slot each turn; else
+    # CONCURRENCY sessions at a time, each to its end
+    threads = scenario.sessions if scenario.live else CONCURRENCY
+    turn_slots = threading.Semaphore(CONCURRENCY)
     wall = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(CONCURRENCY) as pool:
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
         futures = [
-            pool.submit(one_session, gw.url, model, system_prompt(tag, n % prompts), n)
-            for n in range(SESSIONS)
+            pool.submit(
+                one_session, gw.url, model, system_prompt(tag, n % scenario.prompts), n, turn_slots
+            )
+            for n in range(scenario.sessions)
         ]
         timings = [t for f in futures for t in f.result()]
     elapsed = time.perf_counter() - wall
@@ -99,6 +144,9 @@ def run_strategy(gw: GatewayProcess, namespace: str, name: str, *, prompts: int)
         "ttft_p50_ms": round(percentile(ttft, 50) * 1000, 1),
         "ttft_p99_ms": round(percentile(ttft, 99) * 1000, 1),
         "first_turn_ttft_p50_ms": round(percentile(ttft[::TURNS], 50) * 1000, 1),
+        "later_turns_ttft_p50_ms": round(
+            percentile([t for i, t in enumerate(ttft) if i % TURNS], 50) * 1000, 1
+        ),
         "turns_per_s": round(len(timings) / elapsed, 3),
     }
 
@@ -112,8 +160,8 @@ def test_prefix_affinity_against_least_load(
     apply(control.stack, cache(namespace), hf_artifact(namespace, "big", repo, ["model.gguf"]))
     wait_condition(control, namespace, "big", "Ready")
     results: dict[str, Any] = {"shape": SHAPE.__dict__ | {"file_type": SHAPE.file_type}}
-    for scenario, prompts in SCENARIOS.items():
-        results[scenario] = compare_strategies(gw, namespace, scenario, prompts=prompts)
+    for label, scenario in SCENARIOS.items():
+        results[label] = compare_strategies(gw, namespace, label, scenario=scenario)
     results["hot_prefix"] = hot_prefix_spread(gw, namespace)
     record("prefix_affinity", results)
     spread = results["hot_prefix"]["least_used_share"]
@@ -162,13 +210,19 @@ def hot_prefix_spread(gw: GatewayProcess, namespace: str) -> dict[str, Any]:
     }
 
 
-def start_deployment(control: KamaControl, namespace: str, name: str, *, strategy: str) -> None:
+def start_deployment(
+    control: KamaControl, namespace: str, name: str, *, strategy: str,
+    prompt_cache_mib: int | None = None,
+) -> None:  # fmt: skip
     """Two replicas of two slots with `strategy`, Ready."""
+    runtime: dict[str, Any] = {"contextSize": 4096, "concurrency": 2}
+    if prompt_cache_mib is not None:
+        runtime["promptCacheMemory"] = f"{prompt_cache_mib}Mi"
     apply(
         control.stack,
         deployment(
             namespace, name, "big", replicas=2,
-            runtime={"contextSize": 4096, "concurrency": 2}, resources={"cpu": "100m"},
+            runtime=runtime, resources={"cpu": "100m"},
             scaling={"minReplicas": 2, "maxReplicas": 2, "idleTimeout": "1h"},
             routing={"strategy": strategy},
         ),
@@ -187,16 +241,25 @@ def stop_deployment(control: KamaControl, namespace: str, name: str) -> None:
 
 
 def compare_strategies(
-    gw: GatewayProcess, namespace: str, scenario: str, *, prompts: int
+    gw: GatewayProcess, namespace: str, label: str, *, scenario: Scenario
 ) -> dict[str, Any]:
     control = gw.control
-    results: dict[str, Any] = {"system_prompts": prompts, "sessions": SESSIONS, "turns": TURNS}
+    results: dict[str, Any] = {
+        "system_prompts": scenario.prompts,
+        "sessions": scenario.sessions,
+        "turns": TURNS,
+        "all_sessions_live": scenario.live,
+        "prompt_cache_mib": scenario.prompt_cache_mib,
+    }
     for name, strategy in (
-        (f"{scenario}-least", "LeastLoad"),
-        (f"{scenario}-affine", "PrefixAffinity"),
+        (f"{label}-least", "LeastLoad"),
+        (f"{label}-affine", "PrefixAffinity"),
     ):
-        start_deployment(control, namespace, name, strategy=strategy)
-        results[strategy] = run_strategy(gw, namespace, name, prompts=prompts)
+        start_deployment(
+            control, namespace, name, strategy=strategy,
+            prompt_cache_mib=scenario.prompt_cache_mib,
+        )  # fmt: skip
+        results[strategy] = run_strategy(gw, namespace, name, scenario=scenario)
         stop_deployment(control, namespace, name)
     least, affine = results["LeastLoad"], results["PrefixAffinity"]
     results["ttft_p50_ratio"] = round(affine["ttft_p50_ms"] / least["ttft_p50_ms"], 3)

@@ -1,7 +1,8 @@
 """The serving pod's readiness while llama-server loads: a probe that arrives during
-the load waits (a little, under the kubelet's probe timeout) and answers ready as soon
-as llama-server serves, so a new replica is Ready at that probe rather than a probe
-period later; once loaded, or while draining, probes answer at once."""
+the load, or earlier while the artifact is still checked, waits (a little, under the
+kubelet's probe timeout) and answers ready as soon as llama-server serves, so a new
+replica is Ready at that probe rather than a probe period later; once loaded, or while
+draining, probes answer at once. The pod is live while its artifact is checked."""
 
 from __future__ import annotations
 
@@ -91,3 +92,31 @@ def test_a_load_longer_than_the_wait_is_answered_within_the_probe_timeout(
     asked = time.monotonic()  # nothing listens: llama-server has not even bound yet
     ok, _ = supervisor.ready_when_loaded()
     assert not ok and time.monotonic() - asked < 1.0, "the kubelet's probe gives up at 1 s"
+
+
+@pytest.mark.usefixtures("loading_llama_server")
+def test_a_probe_during_the_artifact_check_waits_through_the_start(tmp_path: Path) -> None:
+    """The probe endpoint listens before the check: a probe then is held, not refused,
+    and answers ready once the checked artifact's llama-server has loaded."""
+    plan = ServingPlan(entrypoint="m.gguf", manifest_digest="0" * 64, ctx_total=512, concurrency=1)
+    supervisor = Supervisor(plan=plan, host=HOST, llama_server="sleep", models_dir=tmp_path)
+    assert supervisor.ready() == (False, "checking the artifact")
+    assert supervisor.alive(), "a long check must not fail the liveness probe"
+
+    def checked_then_started() -> None:
+        time.sleep(0.1)
+        supervisor.checked = True
+        supervisor.child = subprocess.Popen(["sleep", "30"])
+
+    threading.Thread(target=checked_then_started, daemon=True).start()
+    asked = time.monotonic()
+    try:
+        ok, why = supervisor.ready_when_loaded()
+        assert ok, why
+        assert time.monotonic() - asked < LOADING_WAIT_S
+        assert supervisor.alive()
+    finally:
+        assert supervisor.child is not None
+        supervisor.child.kill()
+        supervisor.child.wait()
+    assert not supervisor.alive(), "llama-server gone: not live"
