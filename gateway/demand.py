@@ -23,7 +23,7 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 from temporalio.client import Client
@@ -112,35 +112,37 @@ async def report_demand(
     while True:
         held = [s.rise_due for s in schedules.values() if s.rise_due is not None]
         within = min([SAMPLE_INTERVAL_S, *(due - time.monotonic() for due in held)])
-        await next_sample(registry, within=max(within, 0.0))
+        arrived = await next_sample(registry, within=max(within, 0.0))
         now = time.monotonic()
         for key in set(schedules) - set(registry.models):
             del schedules[key]
         for model in list(registry.models.values()):
             schedule = schedules.setdefault(model.key, ReportSchedule(period_start=now))
+            reported = schedule.sent
             demand = schedule.sample(current_demand(model), now=now, period_s=model.report_period_s)
             if demand is None:
                 continue
             report = demand_report(model, gateway=gateway)
             if report.demand < demand:  # the peak of the period, or a request now gone
-                report = DemandReport(
-                    gateway=gateway,
-                    in_flight=report.in_flight + demand - report.demand,
-                    queued=report.queued,
-                    pods=report.pods,
-                )
+                report = replace(report, in_flight=report.in_flight + demand - report.demand)
+            if arrived is not None and demand > reported:  # a rise the arrival began
+                report = replace(report, risen_for_s=round(time.monotonic() - arrived, 3))
             await _signal(client, model=model, cluster=cluster, report=report)
 
 
-async def next_sample(registry: ModelRegistry, *, within: float) -> None:
+async def next_sample(registry: ModelRegistry, *, within: float) -> float | None:
     """Wait until a request arrives (a rise is worth telling the workflow at once:
-    its scale-up window starts with the report) or `within` seconds pass (the sample
-    interval, or less when a rise held back by MIN_GAP_S may go out sooner)."""
+    its scale-up window starts at the arrival) or `within` seconds pass (the sample
+    interval, or less when a rise held back by MIN_GAP_S may go out sooner); when the
+    arrival that ended the wait came (monotonic), None if none did."""
+    arrived: float | None = None
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(within):
             await registry.demand_rose.wait()
+            arrived = time.monotonic()
             await asyncio.sleep(RISE_COALESCE_S)
     registry.demand_rose.clear()
+    return arrived
 
 
 async def _signal(client: Client, *, model: Model, cluster: str, report: DemandReport) -> None:

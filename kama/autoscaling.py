@@ -41,6 +41,9 @@ REPORT_PERIOD_MIN = timedelta(seconds=5)
 REPORT_PERIOD_MAX = timedelta(seconds=60)
 # a gateway silent for this many periods is gone (crashed, scaled in): its demand ends
 REPORT_PERIODS_UNTIL_STALE = 3
+# a rise is dated back by its report's `risen_for_s`, at most this much (a report
+# held up longer than that says more about the path than about the load)
+MAX_RISE_AGE = timedelta(seconds=1)
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,10 @@ class DemandReport:
     in_flight: int
     queued: int = 0  # held for a replica (at zero) or for a free slot
     pods: dict[str, int] = field(default_factory=dict)  # in flight per serving pod
+    # a rise: seconds from the arrival that raised the demand to this report's sending
+    # (the burst's coalescing, the report's own way), so the workflow dates the rise
+    # from the arrival and the scale-up window starts when the load did; 0 otherwise
+    risen_for_s: float = 0.0
 
     @property
     def demand(self) -> int:

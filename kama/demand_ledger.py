@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 
 from kama.api.deployment import ModelDeploymentSpec
 from kama.autoscaling import (
+    MAX_RISE_AGE,
     REPORT_PERIODS_UNTIL_STALE,
     DemandPoint,
     ScalingDecision,
@@ -62,11 +63,24 @@ class DemandLedger:
     history: list[DemandSample] = field(default_factory=list)
     last_scaled: str | None = None  # when spec.replicas last changed (anyone's scale)
 
-    def record(self, *, gateway: str, demand: int, busy_pods: list[str], now: datetime) -> bool:
-        """Take one gateway's report; whether the total changed."""
+    def record(
+        self,
+        *,
+        gateway: str,
+        demand: int,
+        busy_pods: list[str],
+        now: datetime,
+        risen_for: timedelta = timedelta(0),
+    ) -> bool:
+        """Take one gateway's report; whether the total changed. A rise the gateway
+        saw `risen_for` ago (at most MAX_RISE_AGE) is dated then, but never before the
+        history's last change (the total's order stays the order of its changes)."""
         before = self.total()
         self.gateways[gateway] = GatewayDemand(now.isoformat(), demand, sorted(busy_pods))
-        return self._note(before=before, now=now)
+        since = now - min(max(risen_for, timedelta(0)), MAX_RISE_AGE)
+        if self.history:
+            since = max(since, datetime.fromisoformat(self.history[-1].at))
+        return self._note(before=before, now=since)
 
     def expire(self, *, stale_after: timedelta, now: datetime) -> bool:
         """Forget gateways silent for `stale_after` (gone); whether the total changed."""

@@ -41,7 +41,6 @@ from kama.memory import (
     format_bytes,
 )
 from kama.node_inventory import node_from_k8s
-from kama.quantities import parse_bytes
 from kama.planner import (
     Placement,
     PlacementMode,
@@ -50,6 +49,7 @@ from kama.planner import (
     ProfileMode,
     plan_placement,
 )
+from kama.quantities import parse_bytes
 from kama.serving_plan import ServingPlan, load_mode
 from kama.serving_pod import ServingTemplate
 

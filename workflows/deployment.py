@@ -133,6 +133,12 @@ IDLE_HEEDS_REPORTED_DEMAND = "idle-heeds-reported-demand-1"
 # the idle clock restarts when a replica becomes routable (a replica that loaded for
 # most of idleTimeout is not scaled away the moment it is ready):
 IDLE_CLOCK_FROM_SERVING = "idle-clock-from-serving-1"
+# the next scaling decision waits exactly until its window closes (at least
+# DECISION_WAIT_FLOOR, was a whole second), so a rise dated from its arrival
+# scales when its window ends:
+DECISION_AT_WINDOW_END = "decision-at-window-end-1"
+DECISION_WAIT_FLOOR = timedelta(milliseconds=50)
+LEGACY_DECISION_WAIT_FLOOR = timedelta(seconds=1)
 
 
 @dataclass(frozen=True)
@@ -203,7 +209,11 @@ class DeploymentWorkflow(EntityWorkflow):
         self._memory.last_demand = now.isoformat()
         busy = [pod for pod, count in report.pods.items() if count > 0]
         if self._memory.demand.record(
-            gateway=report.gateway, demand=report.demand, busy_pods=busy, now=now
+            gateway=report.gateway,
+            demand=report.demand,
+            busy_pods=busy,
+            now=now,
+            risen_for=timedelta(seconds=report.risen_for_s),
         ):
             self._demand_changed = True
 
@@ -585,7 +595,12 @@ class DeploymentWorkflow(EntityWorkflow):
         if self._memory.autoscaled_at_generation == snap.generation:
             return spec, None  # our last scale is on its way back through the watch
         decision, due = ledger.decide(rule=scaling_rule(spec), current=spec.replicas, now=now)
-        wait = None if due is None else max(due - now, timedelta(seconds=1))
+        floor = (
+            DECISION_WAIT_FLOOR
+            if workflow.patched(DECISION_AT_WINDOW_END)
+            else LEGACY_DECISION_WAIT_FLOOR
+        )
+        wait = None if due is None else max(due - now, floor)
         if decision is None or decision.replicas == spec.replicas:
             return spec, wait
         await self._set_replicas(snap, decision.replicas, decision.reason)

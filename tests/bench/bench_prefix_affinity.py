@@ -51,6 +51,11 @@ SYSTEM_CHARS = 1700  # byte-level vocabulary: about one token a character
 SESSIONS = 8
 TURNS = 4
 CONCURRENCY = 4  # requests in flight at once: two replicas of two slots
+# llama-server threads per replica: one core each on this 2-core machine (by default
+# each would run a thread per core and both spin on every core, so a cached turn on
+# one replica waits for the other's prefill; measured so, LeastLoad and PrefixAffinity
+# differed by nothing but noise)
+THREADS = 1
 MAX_TOKENS = 8
 CROWDED_SESSIONS = 16
 CROWDED_CACHED = 8  # conversations a replica's prompt cache holds beyond its slots
@@ -215,7 +220,7 @@ def start_deployment(
     prompt_cache_mib: int | None = None,
 ) -> None:  # fmt: skip
     """Two replicas of two slots with `strategy`, Ready."""
-    runtime: dict[str, Any] = {"contextSize": 4096, "concurrency": 2}
+    runtime: dict[str, Any] = {"contextSize": 4096, "concurrency": 2, "threads": THREADS}
     if prompt_cache_mib is not None:
         runtime["promptCacheMemory"] = f"{prompt_cache_mib}Mi"
     apply(

@@ -4,9 +4,11 @@ history asks for, as a user watching `kubectl get md` would see it change."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from kama.autoscaling import (
+    MAX_RISE_AGE,
     DemandPoint,
     ScalingRule,
     decide_scale,
@@ -16,6 +18,7 @@ from kama.autoscaling import (
     report_period,
     total_demand,
 )
+from kama.demand_ledger import DemandLedger
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 RULE = ScalingRule(
@@ -144,3 +147,28 @@ def test_the_next_decision_is_due_when_a_window_closes() -> None:
     due = next_decision_due(rule=RULE, history=history, last_scaled=at(30), now=at(31))
     assert due == at(300)
     assert next_decision_due(rule=RULE, history=[], last_scaled=None, now=at(0)) is None
+
+
+def test_a_rise_is_dated_from_the_arrival_its_gateway_saw() -> None:
+    """The scale-up window starts when the load arrived, not when its (coalesced,
+    signalled) report reached the workflow; by at most MAX_RISE_AGE, and never before
+    the last change already recorded."""
+    rule = replace(RULE, scale_up_window=timedelta(seconds=1))
+    ledger = DemandLedger()
+    ledger.record(gateway="gw", demand=1, busy_pods=[], now=at(0))
+    ledger.record(
+        gateway="gw", demand=8, busy_pods=[], now=at(10.3), risen_for=timedelta(seconds=0.3)
+    )
+    assert [s.at for s in ledger.history] == [at(0).isoformat(), at(10).isoformat()]
+    decision, due = ledger.decide(rule=rule, current=1, now=at(10.3))
+    assert decision is None and due == at(11), "the window closes 1 s after the arrival"
+    decision, _ = ledger.decide(rule=rule, current=1, now=at(11))
+    assert decision is not None and decision.replicas == 3
+
+    ledger.record(gateway="gw", demand=12, busy_pods=[], now=at(20), risen_for=timedelta(hours=1))
+    assert ledger.history[-1].at == (at(20) - MAX_RISE_AGE).isoformat(), "bounded"
+    ledger.record(gateway="other", demand=1, busy_pods=[], now=at(20.1))
+    ledger.record(
+        gateway="gw", demand=13, busy_pods=[], now=at(20.2), risen_for=timedelta(seconds=0.5)
+    )
+    assert ledger.history[-1].at == at(20.1).isoformat(), "never before the last change"

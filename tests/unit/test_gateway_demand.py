@@ -143,6 +143,8 @@ async def test_a_request_arriving_is_reported_at_once_not_at_the_next_interval()
         [(sent_at, workflow_id, report)] = recorder.sent
         assert sent_at - arrived < 0.5, f"reported {sent_at - arrived:.2f}s after the arrival"
         assert workflow_id.startswith("deployment/ns/chat/") and report.demand == 1
+        # the workflow dates the rise from the arrival, not from the coalesced report
+        assert 0.15 <= report.risen_for_s <= sent_at - arrived + 0.01, report.risen_for_s
         lease.release()
     finally:
         reporter.cancel()
