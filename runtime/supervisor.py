@@ -167,7 +167,6 @@ class Supervisor:
         self.draining = threading.Event()
         self.child: subprocess.Popen[bytes] | None = None
         self.was_ready = False  # llama-server has loaded (probes no longer wait)
-        self.checked = False  # the artifact passed check_artifact (llama-server may start)
 
     def _get(self, path: str) -> tuple[int, Any]:
         """GET one of llama-server's own routes (stdlib http.client: importing httpx
@@ -192,7 +191,7 @@ class Supervisor:
         if self.draining.is_set():
             return False, "draining"
         if self.child is None:
-            return False, "checking the artifact" if not self.checked else "starting llama-server"
+            return False, "checking the artifact"
         if self.child.poll() is not None:
             return False, "llama-server is not running"
         try:
@@ -310,7 +309,6 @@ def run_runtime() -> int:
         server.shutdown()
         print(f"kama runtime: refusing to start: {exc}", file=sys.stderr, flush=True)
         return 2
-    supervisor.checked = True
     if stop.is_set():  # SIGTERM during the check: nothing to drain
         server.shutdown()
         return 0

@@ -105,7 +105,6 @@ def test_a_probe_during_the_artifact_check_waits_through_the_start(tmp_path: Pat
 
     def checked_then_started() -> None:
         time.sleep(0.1)
-        supervisor.checked = True
         supervisor.child = subprocess.Popen(["sleep", "30"])
 
     threading.Thread(target=checked_then_started, daemon=True).start()

@@ -12,13 +12,15 @@ import pytest
 
 from kama.api.deployment import ModelDeploymentSpec
 from kama.deployment_plan import decide_deployment
+from kama.serving_pod import ServingTemplate
 from kamadev.binaries import ensure_binaries
 from tests.unit.test_serving_plane_domain import artifact_status, generated, node
 
 __all__ = ["generated"]  # the fixture, imported for pytest
 
 
-def rendered(generated: Path, **runtime: Any) -> list[str]:
+def decided(generated: Path, **runtime: Any) -> ServingTemplate:
+    """The pod template Kama decides for a CPU deployment with `runtime`."""
     spec = ModelDeploymentSpec.model_validate(
         {"modelRef": {"name": "m"}, "placement": {"mode": "CPU"}, "runtime": runtime}
     )
@@ -26,7 +28,11 @@ def rendered(generated: Path, **runtime: Any) -> list[str]:
         spec=spec, artifact=artifact_status(generated), nodes=[node("a", memory="8Gi")], image="i"
     )
     assert decision.template is not None
-    return decision.template.plan.llama_server_args(host="127.0.0.1")
+    return decision.template
+
+
+def rendered(generated: Path, **runtime: Any) -> list[str]:
+    return decided(generated, **runtime).plan.llama_server_args(host="127.0.0.1")
 
 
 def flag_value(args: list[str], flag: str) -> str | None:
@@ -58,14 +64,7 @@ def test_cache_reuse_and_http_threads(generated: Path) -> None:
 
 
 def memory_request(generated: Path, **runtime: Any) -> int:
-    spec = ModelDeploymentSpec.model_validate(
-        {"modelRef": {"name": "m"}, "placement": {"mode": "CPU"}, "runtime": runtime}
-    )
-    decision = decide_deployment(
-        spec=spec, artifact=artifact_status(generated), nodes=[node("a", memory="8Gi")], image="i"
-    )
-    assert decision.template is not None
-    return int(decision.template.memory_request)
+    return int(decided(generated, **runtime).memory_request)
 
 
 @pytest.mark.parametrize(
