@@ -40,15 +40,19 @@ from activities.storage import (
 )
 from kama.cache_layout import InvalidPath
 from kama.gguf import MissingShard
+from kama.importer_pod import TOKEN_MOUNT
 from kama.sources import FileSelectionError, SourceFile, entrypoint, select_files
 
 HEARTBEAT_EVERY_S = 1.0
+MAX_TOKEN_CHARS = 4096  # a Hub token is ~40 characters; a mounted file is not trusted further
 
 
-def _token(source: HuggingFaceSource) -> str | bool:
-    if source.token_path is None:
+def _token(source: HuggingFaceSource, *, path: Path) -> str | bool:
+    """The mounted token, when the source uses one (read from the importer's own
+    mount, so an input cannot make it send another file)."""
+    if not source.use_token:
         return False
-    return Path(source.token_path).read_text().strip()
+    return path.read_text(encoding="utf-8").strip()[:MAX_TOKEN_CHARS]
 
 
 def _unavailable(message: str) -> ApplicationError:
@@ -56,19 +60,26 @@ def _unavailable(message: str) -> ApplicationError:
 
 
 class HuggingFaceActivities:
-    def __init__(self, *, http: httpx.Client, endpoint: str = "https://huggingface.co") -> None:
+    def __init__(
+        self,
+        *,
+        http: httpx.Client,
+        endpoint: str = "https://huggingface.co",
+        token_path: Path = Path(TOKEN_MOUNT) / "token",
+    ) -> None:
         self.http = http
         self.endpoint = endpoint
-
-    def _endpoint(self, source: HuggingFaceSource) -> str:
-        return source.endpoint or self.endpoint
+        self.token_path = token_path
 
     @activity.defn(name="Resolve Hugging Face source")
     def resolve_source(self, source: HuggingFaceSource) -> ResolvedSource:
-        api = HfApi(endpoint=self._endpoint(source))
+        api = HfApi(endpoint=self.endpoint)
         try:
             info = api.model_info(
-                source.repo, revision=source.revision, files_metadata=True, token=_token(source)
+                source.repo,
+                revision=source.revision,
+                files_metadata=True,
+                token=_token(source, path=self.token_path),
             )
         except (RepositoryNotFoundError, GatedRepoError) as exc:
             raise _unavailable(
@@ -107,9 +118,9 @@ class HuggingFaceActivities:
     def download_file(self, request: DownloadRequest) -> DownloadedFile:
         source = request.source
         url = hf_hub_url(
-            source.repo, request.file.path, revision=request.commit, endpoint=self._endpoint(source)
+            source.repo, request.file.path, revision=request.commit, endpoint=self.endpoint
         )
-        headers = build_hf_headers(token=_token(source), library_name="kama")
+        headers = build_hf_headers(token=_token(source, path=self.token_path), library_name="kama")
         headers["Accept-Encoding"] = "identity"
         try:
             target = staged_file(

@@ -18,18 +18,21 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.kube_errors import Conflict, Forbidden, Invalid, KubeTarget, NotFound, kube_call
+from activities.provenance import ForgedRequest, kama_pod, live_object
 from kama.api import API_VERSION, FINALIZER, GROUP, VERSION
-from kama.contracts import ARTIFACTS, CACHES, DEPLOYMENTS, ObjectRef
-from kama.importer_pod import ImporterPodOptions
+from kama.contracts import ARTIFACTS, CACHES, DEPLOYMENTS, ObjectRef, importer_task_queue
+from kama.importer_pod import (
+    IMPORTER_ROLE,
+    ImporterMounts,
+    ImporterPodOptions,
+    importer_pod_manifest,
+)
 from kama.temporal_setup import (
     ImporterTemporal,
     importer_temporal_env,
     importer_temporal_volume,
 )
-
-CACHE_MOUNT = "/cache"
-SOURCE_MOUNT = "/source"
-TOKEN_MOUNT = "/var/run/kama/hf-token"
+from kama.tenancy import TenancyPolicy
 
 
 @dataclass(frozen=True)
@@ -95,14 +98,14 @@ class ClaimExpansion:
 
 @dataclass(frozen=True)
 class ImporterPod:
-    ref: ObjectRef  # the artifact that owns the pod
+    """Which operation of which artifact the pod is for, and which of the artifact's
+    own volumes it mounts: names only; the activity reads the rest from the cluster."""
+
+    ref: ObjectRef  # the artifact that owns the pod (uid checked against the live one)
     operation_id: str
-    task_queue: str
-    cache_claim: str | None
-    source_claim: str | None = None
-    token_secret: str | None = None
-    token_key: str | None = None
-    labels: dict[str, str] = field(default_factory=dict)
+    mount_cache: bool = True
+    mount_source: bool = False
+    mount_token: bool = False
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,29 @@ class ImporterSettings:
     temporal: ImporterTemporal  # the worker's Temporal connection, as importer pods get it
     hf_endpoint: str = "https://huggingface.co"
     options: ImporterPodOptions = field(default_factory=ImporterPodOptions)
+
+    def pod_manifest(
+        self, *, name: str, owner: ObjectRef, operation_id: str, mounts: ImporterMounts
+    ) -> dict[str, Any]:
+        """The importer pod of one operation with these settings (no I/O)."""
+        return importer_pod_manifest(
+            name=name,
+            owner=owner,
+            operation_id=operation_id,
+            image=self.image,
+            args=["importer", "--task-queue", importer_task_queue(owner, operation=operation_id)],
+            env=[
+                *importer_temporal_env(self.temporal),
+                {"name": "KAMA_HF_ENDPOINT", "value": self.hf_endpoint},
+            ],
+            mounts=mounts,
+            extra_volumes=[
+                extra
+                for extra in (importer_temporal_volume(self.temporal), self.options.ca_volume())
+                if extra is not None
+            ],
+            options=self.options,
+        )
 
 
 def importer_pod_name(artifact: str, operation_id: str) -> str:
@@ -139,11 +165,18 @@ def remove_pod(core: k8s.CoreV1Api, *, namespace: str, name: str, force: bool = 
 
 
 class KubeActivities:
-    def __init__(self, *, api: k8s.ApiClient, importer: ImporterSettings) -> None:
+    def __init__(
+        self,
+        *,
+        api: k8s.ApiClient,
+        importer: ImporterSettings,
+        tenancy: TenancyPolicy | None = None,
+    ) -> None:
         self.api = api
         self.core = k8s.CoreV1Api(api)
         self.custom = k8s.CustomObjectsApi(api)
         self.importer = importer
+        self.tenancy = tenancy or TenancyPolicy()
 
     @activity.defn(name="Write status")
     def patch_status(self, patch: StatusPatch) -> None:
@@ -380,108 +413,67 @@ class KubeActivities:
 
     @activity.defn(name="Start importer pod")
     def ensure_importer_pod(self, request: ImporterPod) -> PodRef:
-        name = importer_pod_name(request.ref.name, request.operation_id)
-        volumes: list[dict[str, Any]] = []
-        mounts: list[dict[str, Any]] = []
-        if request.cache_claim:
-            volumes.append(
-                {"name": "cache", "persistentVolumeClaim": {"claimName": request.cache_claim}}
-            )
-            mounts.append({"name": "cache", "mountPath": CACHE_MOUNT})
-        if request.source_claim:
-            volumes.append(
-                {
-                    "name": "source",
-                    "persistentVolumeClaim": {"claimName": request.source_claim, "readOnly": True},
-                }
-            )
-            mounts.append({"name": "source", "mountPath": SOURCE_MOUNT, "readOnly": True})
-        if request.token_secret and request.token_key:
-            volumes.append(
-                {
-                    "name": "hf-token",
-                    "secret": {
-                        "secretName": request.token_secret,
-                        "items": [{"key": request.token_key, "path": "token"}],
-                        "defaultMode": 0o440,
-                    },
-                }
-            )
-            mounts.append({"name": "hf-token", "mountPath": TOKEN_MOUNT, "readOnly": True})
-        for extra in (
-            importer_temporal_volume(self.importer.temporal),
-            self.importer.options.ca_volume(),
-        ):
-            if extra is not None:
-                volumes.append(extra[0])
-                mounts.append(extra[1])
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": name,
-                "namespace": request.ref.namespace,
-                "labels": {
-                    "app.kubernetes.io/managed-by": "kama",
-                    "kama.dev/role": "importer",
-                    "kama.dev/artifact": request.ref.name,
-                    "kama.dev/operation": request.operation_id,
-                    **request.labels,
-                },
-                "ownerReferences": [
-                    {
-                        "apiVersion": API_VERSION,
-                        "kind": "ModelArtifact",
-                        "name": request.ref.name,
-                        "uid": request.ref.uid,
-                        "controller": True,
-                    }
-                ],
-            },
-            "spec": {
-                "restartPolicy": "Always",
-                "automountServiceAccountToken": False,
-                "terminationGracePeriodSeconds": 10,
-                "securityContext": {
-                    "runAsNonRoot": True,
-                    "runAsUser": 65532,
-                    "runAsGroup": 65532,
-                    "fsGroup": 65532,
-                },
-                "containers": [
-                    {
-                        "name": "importer",
-                        "image": self.importer.image,
-                        "args": ["importer", "--task-queue", request.task_queue],
-                        "env": [
-                            *importer_temporal_env(self.importer.temporal),
-                            {"name": "KAMA_HF_ENDPOINT", "value": self.importer.hf_endpoint},
-                            *self.importer.options.container_env(),
-                        ],
-                        **(
-                            {"resources": self.importer.options.resources}
-                            if self.importer.options.resources
-                            else {}
-                        ),
-                        "securityContext": {
-                            "readOnlyRootFilesystem": True,
-                            "allowPrivilegeEscalation": False,
-                            "capabilities": {"drop": ["ALL"]},
-                        },
-                        "volumeMounts": mounts,
-                    }
-                ],
-                "volumes": volumes,
-            },
-        }
-        target = KubeTarget(resource="pods", namespace=request.ref.namespace, name=name)
+        """The importer pod of one operation, built from the live ModelArtifact (its
+        uid checked): the claims and the token Secret it mounts are the ones the
+        artifact's spec names, in the artifact's own namespace."""
+        ref = request.ref
+        artifact = live_object(self.custom, policy=self.tenancy, plural=ARTIFACTS, ref=ref)
+        name = importer_pod_name(ref.name, request.operation_id)
+        pod = self.importer.pod_manifest(
+            name=name,
+            owner=ref,
+            operation_id=request.operation_id,
+            mounts=self._importer_mounts(artifact, request),
+        )
+        target = KubeTarget(resource="pods", namespace=ref.namespace, name=name)
         with suppress(Conflict), kube_call(verb="create", target=target):
-            self.core.create_namespaced_pod(request.ref.namespace, pod)
-        return PodRef(namespace=request.ref.namespace, name=name)
+            self.core.create_namespaced_pod(ref.namespace, pod)
+        return PodRef(namespace=ref.namespace, name=name)
+
+    def _importer_mounts(self, artifact: dict[str, Any], request: ImporterPod) -> ImporterMounts:
+        """The claims and Secret the artifact's spec names, those the operation uses."""
+        spec = artifact.get("spec") or {}
+        source = spec.get("source") or {}
+        pvc = source.get("persistentVolumeClaim") or {}
+        token = (source.get("huggingFace") or {}).get("tokenSecretRef") or {}
+        cache_claim = None
+        if request.mount_cache:
+            cache = (spec.get("cacheRef") or {}).get("name")
+            if not cache:
+                raise ForgedRequest(
+                    f"ModelArtifact {request.ref.namespace}/{request.ref.name} names no cache"
+                )
+            cache_claim = self._cache_claim_of(namespace=request.ref.namespace, cache=cache)
+        return ImporterMounts(
+            cache_claim=cache_claim,
+            source_claim=pvc.get("claimName") if request.mount_source else None,
+            token_secret=token.get("name") if request.mount_token else None,
+            token_key=token.get("key") if request.mount_token else None,
+        )
+
+    def _cache_claim_of(self, *, namespace: str, cache: str) -> str:
+        """The claim of ModelCache `cache`: its existing claim or the one Kama made."""
+        target = KubeTarget(resource=CACHES, namespace=namespace, name=cache)
+        with kube_call(verb="get", target=target):
+            found = self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, CACHES, cache
+            )
+        existing = (found.get("spec") or {}).get("persistentVolumeClaim") or {}
+        return str(existing.get("claimName") or cache_claim_name(cache))
 
     @activity.defn(name="Delete pod")
     def delete_pod(self, pod: PodRef) -> None:
-        remove_pod(self.core, namespace=pod.namespace, name=pod.name)
+        """Delete an importer pod; ForgedRequest for any other pod."""
+        found = kama_pod(
+            self.core,
+            policy=self.tenancy,
+            namespace=pod.namespace,
+            name=pod.name,
+            role=IMPORTER_ROLE,
+            owner_kind="ModelArtifact",
+        )
+        if found is not None:
+            remove_pod(self.core, namespace=pod.namespace, name=pod.name)
 
     @activity.defn(name="List deployments using artifact")
     def artifact_users(self, ref: ObjectRef) -> list[str]:

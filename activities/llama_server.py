@@ -1,15 +1,43 @@
 """llama-server as an external system: how busy a serving pod is, read from its
 `/slots` endpoint (the pod IP and port come from the pod; Kama's worker reaches pod
-IPs like any in-cluster client)."""
+IPs like any in-cluster client).
+
+A pod is not trusted to answer sanely: the read has a total deadline
+(`SLOTS_READ_DEADLINE_S`, from the request to the answer's last byte, so a pod that
+answers a byte every second cannot stretch it) and a byte cap (`SLOTS_MAX_BYTES`).
+Past either the read fails with `PodReadTimeout` or `PodAnswerTooLarge` and the
+activity answers None, as for a pod that does not answer. The activity is async: a
+slow pod costs the worker a waiting coroutine, never one of its activity threads."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
 from dataclasses import dataclass
 
 import httpx
 from temporalio import activity
 
 from kama.serving_plan import LLAMA_PORT
+
+log = logging.getLogger("kama")
+
+SLOTS_READ_DEADLINE_S = 3.0  # inside the activity's 5 s start-to-close timeout
+SLOTS_MAX_BYTES = 4 * 1024 * 1024  # llama-server's /slots is a few KiB per slot
+IDENTITY = {"accept-encoding": "identity"}  # the cap counts the bytes as they are read
+
+
+class PodReadFailed(Exception):
+    """A pod's answer could not be read within the bounds."""
+
+
+class PodReadTimeout(PodReadFailed):
+    """The answer did not arrive whole within the total deadline."""
+
+
+class PodAnswerTooLarge(PodReadFailed):
+    """The answer was larger than the byte cap."""
 
 
 @dataclass(frozen=True)
@@ -18,17 +46,68 @@ class SlotsRequest:
     port: int = LLAMA_PORT
 
 
+@dataclass(frozen=True)
+class PodAnswer:
+    status: int
+    body: bytes
+
+
+async def read_pod(
+    http: httpx.AsyncClient, url: str, *, deadline_s: float, max_bytes: int
+) -> PodAnswer:
+    """GET `url`, its whole answer within `deadline_s` and `max_bytes`; PodReadTimeout
+    or PodAnswerTooLarge past them, httpx's errors if the connection fails."""
+    try:
+        async with (
+            asyncio.timeout(deadline_s),
+            http.stream("GET", url, headers=IDENTITY, timeout=deadline_s) as response,
+        ):
+            declared = response.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > max_bytes:
+                raise PodAnswerTooLarge(f"{url} declared {declared} bytes (at most {max_bytes})")
+            body = bytearray()
+            async for chunk in response.aiter_raw():
+                body += chunk
+                if len(body) > max_bytes:
+                    raise PodAnswerTooLarge(f"{url} sent over {max_bytes} bytes")
+            return PodAnswer(status=response.status_code, body=bytes(body))
+    except (TimeoutError, httpx.TimeoutException):
+        raise PodReadTimeout(f"{url} did not answer whole within {deadline_s:g}s") from None
+
+
 class LlamaServerActivities:
-    def __init__(self, *, http: httpx.Client) -> None:
+    def __init__(
+        self,
+        *,
+        http: httpx.AsyncClient,
+        deadline_s: float = SLOTS_READ_DEADLINE_S,
+        max_bytes: int = SLOTS_MAX_BYTES,
+    ) -> None:
         self.http = http
+        self.deadline_s = deadline_s
+        self.max_bytes = max_bytes
 
     @activity.defn(name="Count busy slots")
-    def busy_slots(self, request: SlotsRequest) -> int | None:
-        """Slots processing a request; None when the server does not answer (gone)."""
+    async def busy_slots(self, request: SlotsRequest) -> int | None:
+        """Slots processing a request; None when the server does not answer (gone), or
+        not within the deadline and byte cap."""
+        url = f"http://{request.pod_ip}:{request.port}/slots"
         try:
-            response = self.http.get(f"http://{request.pod_ip}:{request.port}/slots")
+            answer = await read_pod(
+                self.http, url, deadline_s=self.deadline_s, max_bytes=self.max_bytes
+            )
         except httpx.TransportError:
             return None
-        if response.status_code != 200:
+        except PodReadFailed as exc:
+            log.warning("reading %s failed: %s", url, exc)
             return None
-        return sum(1 for slot in response.json() if slot.get("is_processing"))
+        if answer.status != 200:
+            return None
+        try:
+            slots = json.loads(answer.body)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            log.warning("%s answered something other than JSON", url)
+            return None
+        if not isinstance(slots, list):
+            return None
+        return sum(1 for slot in slots if isinstance(slot, dict) and slot.get("is_processing"))

@@ -16,8 +16,9 @@ class HuggingFaceSource:
     repo: str
     revision: str
     files: list[str]
-    token_path: str | None = None
-    endpoint: str = ""  # empty: the Hub endpoint the importer is configured with
+    # send the token the importer pod has mounted (the artifact's tokenSecretRef); the
+    # Hub endpoint and the token's path are the importer's own settings, never an input
+    use_token: bool = False
 
 
 @dataclass(frozen=True)

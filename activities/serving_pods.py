@@ -16,9 +16,11 @@ from typing import Any
 
 from kubernetes import client as k8s
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities.kube import remove_pod
 from activities.kube_errors import Conflict, KubeTarget, NotFound, kube_call
+from activities.provenance import ForgedRequest, OwnerGone, kama_pod, live_object
 from kama.api import GROUP, VERSION
 from kama.contracts import ARTIFACTS, DEPLOYMENTS, ObjectRef
 from kama.deployment_plan import mounted_by_one_node, nodes_holding_claim
@@ -27,8 +29,14 @@ from kama.serving_pod import (
     DRAINING_LABEL,
     FINGERPRINT_LABEL,
     ORDINAL_ANNOTATION,
+    SERVER_ROLE,
+    ServingTemplate,
+    serving_pod_manifest,
     serving_selector,
 )
+from kama.tenancy import TenancyPolicy
+
+PLACEMENT_NOT_ALLOWED = "PlacementNotAllowed"
 
 
 @dataclass(frozen=True)
@@ -53,7 +61,23 @@ class PodsRequest:
 
 @dataclass(frozen=True)
 class CreatePod:
-    manifest: dict[str, Any]
+    """Replica `ordinal` of a ModelDeployment's serving template. The activity checks
+    the deployment's uid against the live object, the template against the cluster
+    and the operator's settings, and builds the Pod itself."""
+
+    ref: ObjectRef  # the ModelDeployment
+    template: ServingTemplate
+    ordinal: int
+
+    def manifest(self) -> dict[str, Any]:
+        """The Pod this asks for (no I/O)."""
+        return serving_pod_manifest(
+            template=self.template,
+            namespace=self.ref.namespace,
+            deployment=self.ref.name,
+            deployment_uid=self.ref.uid,
+            ordinal=self.ordinal,
+        )
 
 
 @dataclass(frozen=True)
@@ -128,10 +152,18 @@ def observed_pod(pod: dict[str, Any], *, lost: Collection[str] = ()) -> Observed
 
 
 class ServingPodActivities:
-    def __init__(self, *, api: k8s.ApiClient) -> None:
+    def __init__(
+        self,
+        *,
+        api: k8s.ApiClient,
+        runtime_image: str,
+        tenancy: TenancyPolicy | None = None,
+    ) -> None:
         self.api = api
         self.core = k8s.CoreV1Api(api)
         self.custom = k8s.CustomObjectsApi(api)
+        self.runtime_image = runtime_image
+        self.tenancy = tenancy or TenancyPolicy()
 
     @activity.defn(name="Read artifact and nodes")
     def read_inputs(self, request: InputsRequest) -> DeploymentInputs:
@@ -178,14 +210,69 @@ class ServingPodActivities:
 
     @activity.defn(name="Create serving pod")
     def create_pod(self, request: CreatePod) -> None:
-        meta = request.manifest["metadata"]
-        target = KubeTarget(resource="pods", namespace=meta["namespace"], name=meta["name"])
+        ref, template = request.ref, request.template
+        deployment = live_object(self.custom, policy=self.tenancy, plural=DEPLOYMENTS, ref=ref)
+        self._check_template(ref=ref, deployment=deployment, template=template)
+        manifest = request.manifest()
+        target = KubeTarget(
+            resource="pods", namespace=ref.namespace, name=manifest["metadata"]["name"]
+        )
         with suppress(Conflict), kube_call(verb="create", target=target):
-            self.core.create_namespaced_pod(meta["namespace"], request.manifest)
+            self.core.create_namespaced_pod(ref.namespace, manifest)
+
+    def _check_template(
+        self, *, ref: ObjectRef, deployment: dict[str, Any], template: ServingTemplate
+    ) -> None:
+        """ForgedRequest unless the template runs the configured runtime image, mounts
+        the claim and directory its artifact is served from, and asks only for nodes
+        the operator lets tenants choose (PlacementNotAllowed otherwise)."""
+        if template.image != self.runtime_image:
+            raise ForgedRequest(
+                f"serving template image {template.image!r} is not the configured runtime "
+                f"image {self.runtime_image!r}"
+            )
+        refusals = self.tenancy.placement_refusals(
+            node_selector=template.node_selector, tolerations=template.tolerations
+        )
+        if refusals:
+            raise ApplicationError(
+                "; ".join(refusals), type=PLACEMENT_NOT_ALLOWED, non_retryable=True
+            )
+        artifact = ((deployment.get("spec") or {}).get("modelRef") or {}).get("name")
+        target = KubeTarget(resource=ARTIFACTS, namespace=ref.namespace, name=artifact)
+        try:
+            with kube_call(verb="get", target=target):
+                found = self.custom.get_namespaced_custom_object(
+                    GROUP, VERSION, ref.namespace, ARTIFACTS, artifact
+                )
+        except NotFound:
+            raise OwnerGone(f"there is no ModelArtifact {ref.namespace}/{artifact}") from None
+        location = (found.get("status") or {}).get("servingLocation") or {}
+        served = (location.get("claimName"), location.get("subPath", ""))
+        if (template.claim_name, template.sub_path) != served:
+            raise ForgedRequest(
+                f"serving template mounts {template.claim_name}:{template.sub_path!r}; "
+                f"ModelArtifact {ref.namespace}/{artifact} is served from "
+                f"{served[0]}:{served[1]!r}"
+            )
+
+    def _serving_pod(self, pod: PodName) -> k8s.V1Pod | None:
+        """The pod if it is a Kama serving pod (ForgedRequest if it is another), None
+        when it is gone."""
+        return kama_pod(
+            self.core,
+            policy=self.tenancy,
+            namespace=pod.namespace,
+            name=pod.name,
+            role=SERVER_ROLE,
+            owner_kind="ModelDeployment",
+        )
 
     @activity.defn(name="Mark pod draining")
     def mark_draining(self, pod: PodName) -> str | None:
         """Label the pod so routers stop choosing it; its IP, or None when it is gone."""
+        if self._serving_pod(pod) is None:
+            return None
         target = KubeTarget(resource="pods", namespace=pod.namespace, name=pod.name)
         try:
             with kube_call(verb="patch", target=target):
@@ -199,11 +286,18 @@ class ServingPodActivities:
 
     @activity.defn(name="Delete serving pod")
     def delete_pod(self, pod: PodName) -> None:
+        if self._serving_pod(pod) is None:
+            return
         remove_pod(self.core, namespace=pod.namespace, name=pod.name, force=pod.force)
 
     @activity.defn(name="Set deployment replicas")
     def set_replicas(self, request: ScaleRequest) -> None:
-        """Write spec.replicas through the /scale subresource, as `kubectl scale` does."""
+        """Write spec.replicas through the /scale subresource, as `kubectl scale` does
+        (of the ModelDeployment with the ref's uid)."""
+        try:
+            live_object(self.custom, policy=self.tenancy, plural=DEPLOYMENTS, ref=request.ref)
+        except OwnerGone:
+            return
         target = KubeTarget(
             resource=f"{DEPLOYMENTS}/scale", namespace=request.ref.namespace, name=request.ref.name
         )

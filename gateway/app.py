@@ -7,6 +7,10 @@ Public routes are OpenAI's (`/v1/chat/completions`, `/v1/completions`,
 and lifecycle routes are refused. Inference takes the lean path
 (`gateway.inference`); the model list and every refusal are a FastAPI app.
 
+Every public route but the refusals needs an API key (`gateway.auth`: a
+ModelAccessKey's hash, watched like the models), unless the gateway was started with
+KAMA_GATEWAY_AUTH=disabled; `/v1/models` lists what the key may use.
+
 Operational routes (`/metrics`, `/healthz`, `/readyz`) are a second FastAPI app on a
 port of their own, so pod names and model keys are not served to clients. The
 public port has no health route: Kubernetes probes and load-balancer health checks
@@ -37,11 +41,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from temporalio.client import Client
 
+from gateway.auth import AccessControl, aliases_for, visible_models
 from gateway.backend_load import poll_backend_load
 from gateway.demand import gateway_identity, report_demand
 from gateway.drain_reports import report_drains
 from gateway.errors import GatewayError, server_refusal
-from gateway.held import DEFAULT_MAX_HELD_BYTES
+from gateway.held import DEFAULT_LIMITS, GatewayLimits
 from gateway.inference import InferenceRoutes
 from gateway.keda_demand import GatewayDemandSource
 from gateway.keda_scaler import KedaExternalScaler, serve_keda_scaler, stop_keda_scaler
@@ -51,11 +56,11 @@ from gateway.registry import ModelRegistry
 from gateway.transport.front import PublicFront
 from gateway.transport.upstream import UpstreamTransport
 from gateway.wake import Waker
-from kama.api import GROUP, VERSION
+from kama.api import GROUP, MODELACCESSKEY_PLURAL, VERSION
 from kama.config import Settings
 from kama.contracts import DEPLOYMENTS
 from kama.serving_pod import ROLE_LABEL, SERVER_ROLE
-from watcher.watch import WatchHealth, kama_objects, labelled_pods, start_watch
+from watcher.watch import WatchHealth, WatchTarget, kama_objects, labelled_pods, start_watch
 
 log = logging.getLogger("kama.gateway")
 
@@ -72,6 +77,7 @@ class GatewayState:
     proxy: Proxy
     metrics: GatewayMetrics
     health: WatchHealth
+    access: AccessControl
 
 
 class GatewayHolder:
@@ -103,26 +109,36 @@ def start_watches(
     *,
     api: k8s.ApiClient,
     registry: ModelRegistry,
+    access: AccessControl,
     health: WatchHealth,
     stop: threading.Event,
     namespace: str | None,
 ) -> None:
-    """The registry's two informers: ModelDeployments and serving pods (in the watched
-    namespace, or all), applied on the event loop (a re-list after an outage also
-    reports what vanished meanwhile)."""
+    """The registry's two informers, ModelDeployments and serving pods, and the API
+    keys' (ModelAccessKeys, unless authentication is disabled), in the watched
+    namespace or all, applied on the event loop (a re-list after an outage also
+    reports what vanished meanwhile). Readiness waits for every one to list, so the
+    gateway does not refuse keys it has not read yet."""
     loop = asyncio.get_running_loop()
+    custom = k8s.CustomObjectsApi(api)
     deployments = kama_objects(
-        custom=k8s.CustomObjectsApi(api),
-        group=GROUP,
-        version=VERSION,
-        plural=DEPLOYMENTS,
-        namespace=namespace,
+        custom=custom, group=GROUP, version=VERSION, plural=DEPLOYMENTS, namespace=namespace
     )
     pods = labelled_pods(api=api, selector=f"{ROLE_LABEL}={SERVER_ROLE}", namespace=namespace)
-    for target, apply in (
+    informers: list[tuple[WatchTarget, Callable[[str, dict[str, Any]], None]]] = [
         (deployments, registry.apply_deployment),
         (pods, registry.apply_pod),
-    ):
+    ]
+    if access.enabled:
+        keys = kama_objects(
+            custom=custom,
+            group=GROUP,
+            version=VERSION,
+            plural=MODELACCESSKEY_PLURAL,
+            namespace=namespace,
+        )
+        informers.append((keys, access.apply_key))
+    for target, apply in informers:
 
         def on_object(
             kind: str, obj: dict[str, Any], apply: Callable[[str, dict[str, Any]], None] = apply
@@ -163,11 +179,13 @@ def public_app(holder: GatewayHolder) -> FastAPI:
     app = _fastapi("Kama gateway", admin_paths=ADMIN_PATHS)
 
     @app.get("/v1/models")
-    async def list_models() -> dict[str, Any]:
-        registry = holder.state.registry
+    async def list_models(request: Request) -> dict[str, Any]:
+        state = holder.state
+        registry = state.registry
+        caller = state.access.authenticate(request.headers)
         data = []
-        for m in sorted(registry.models.values(), key=lambda m: m.key):
-            owned, lost = registry.owned_aliases(m)
+        for m in visible_models(registry, caller):
+            owned, lost = aliases_for(registry, m, caller)
             data.append(
                 {
                     "id": m.key,
@@ -216,7 +234,7 @@ def create_app(
     settings: Settings,
     api_factory: Callable[[], k8s.ApiClient],
     temporal_factory: Callable[[], Awaitable[Client]],
-    max_held_bytes: int = DEFAULT_MAX_HELD_BYTES,
+    limits: GatewayLimits = DEFAULT_LIMITS,
     keda_scaler_host: str = "0.0.0.0",
     keda_scaler_port: int = 0,  # 0: KEDA's external scaler is not served
 ) -> GatewayApp:
@@ -226,6 +244,13 @@ def create_app(
     async def lifespan() -> AsyncIterator[None]:
         metrics, health = GatewayMetrics(), WatchHealth()
         registry = ModelRegistry(metrics=metrics)
+        access = AccessControl(
+            metrics=metrics,
+            mode=settings.gateway_auth,
+            cross_namespace_grants=settings.gateway_cross_namespace_grants,
+        )
+        if not access.enabled:
+            log.warning("KAMA_GATEWAY_AUTH=disabled: every client may use every model")
         stop = threading.Event()
         transport = UpstreamTransport(keepalive_expiry=UPSTREAM_KEEPALIVE_EXPIRY_S)
         async with httpx.AsyncClient(transport=transport, timeout=UPSTREAM_TIMEOUT) as http:
@@ -244,14 +269,17 @@ def create_app(
                     registry=registry,
                     upstream=transport,
                     waker=waker,
-                    max_held_bytes=max_held_bytes,
+                    max_held_bytes=limits.max_held_bytes,
+                    max_waiting_requests=limits.max_waiting_requests,
                 ),
                 metrics=metrics,
                 health=health,
+                access=access,
             )
             start_watches(
                 api=api_factory(),
                 registry=registry,
+                access=access,
                 health=health,
                 stop=stop,
                 namespace=settings.watch_namespace,
@@ -289,14 +317,21 @@ def create_app(
                 if keda is not None:
                     await stop_keda_scaler(keda)
 
-    public, ops = build_apps(holder)
+    public, ops = build_apps(holder, limits=limits)
     return GatewayApp(public=public, ops=ops, lifespan=lifespan, holder=holder)
 
 
-def build_apps(holder: GatewayHolder) -> tuple[PublicFront, FastAPI]:
+def build_apps(
+    holder: GatewayHolder,
+    *,
+    limits: GatewayLimits = DEFAULT_LIMITS,
+) -> tuple[PublicFront, FastAPI]:
     """The public port's front and the operational port's app, over one state."""
     public = PublicFront(
-        lean=InferenceRoutes(proxy=lambda: holder.state.proxy),
+        max_upload_bytes=limits.max_upload_bytes,
+        max_requests_per_client=limits.max_requests_per_client,
+        client_write_timeout_s=limits.client_write_timeout_s,
+        lean=InferenceRoutes(proxy=lambda: holder.state.proxy, access=lambda: holder.state.access),
         app=public_app(holder),
         refusal=server_refusal,
     )

@@ -2,7 +2,9 @@
 `llamacpp:requests_processing` + `llamacpp:requests_deferred` from its `/metrics`,
 polled at a bounded rate (one request per endpoint per interval), minus this
 gateway's own in-flight requests there, which it counts exactly. Only models with two
-or more replicas are polled: with one there is no choice for the load to inform."""
+or more replicas are polled: with one there is no choice for the load to inform.
+Each poll has a total deadline and a byte cap (`gateway.transport.bounded`): a
+replica that drips its answer costs one poll interval, not the poller."""
 
 from __future__ import annotations
 
@@ -12,12 +14,14 @@ import logging
 import httpx
 
 from gateway.registry import Endpoint, ModelRegistry
+from gateway.transport.bounded import read_pod
 from kama.serving_plan import LLAMA_PORT
 
 log = logging.getLogger("kama.gateway")
 
 POLL_INTERVAL_S = 0.5
-POLL_TIMEOUT_S = 0.5
+POLL_TIMEOUT_S = 0.5  # the whole answer, from the request to its last byte
+POLL_MAX_BYTES = 1024 * 1024
 
 
 def parse_llama_metrics(text: str) -> tuple[int, int]:
@@ -40,12 +44,14 @@ async def poll_one(http: httpx.AsyncClient, endpoint: Endpoint, *, port: int = L
     held back by the replica's slot cap (it takes one of llama-server's spare HTTP
     threads, of which the runtime keeps a few beyond the slots)."""
     before = endpoint.in_flight
+    url = f"http://{endpoint.ip}:{port}/metrics"
     try:
-        response = await http.get(f"http://{endpoint.ip}:{port}/metrics", timeout=POLL_TIMEOUT_S)
-    except httpx.HTTPError:
+        answer = await read_pod(http, url, deadline_s=POLL_TIMEOUT_S, max_bytes=POLL_MAX_BYTES)
+    except httpx.HTTPError as exc:
+        log.debug("polling %s failed: %r", url, exc)
         return
-    if response.status_code == 200:
-        processing, deferred = parse_llama_metrics(response.text)
+    if answer.status == 200:
+        processing, deferred = parse_llama_metrics(answer.text)
         endpoint.observe_backend(held=processing + deferred, ours=max(before, endpoint.in_flight))
 
 

@@ -6,7 +6,14 @@ routes that carry inference (`/v1/chat/completions`, `/v1/completions`,
 `/v1/embeddings`, and llama-server's native `/completion`, `/tokenize`,
 `/detokenize`, `/infill`, plain or under `/models/<ns>/<name>/`) are matched here
 and handed to the proxy by the server front; everything else (the model list and
-the refusals of unknown and llama-server admin routes) is FastAPI's."""
+the refusals of unknown and llama-server admin routes) is FastAPI's.
+
+Before a request is parsed: its API key (`gateway.auth`: 401), its content type
+(JSON only, 415: a browser page can send `text/plain` or a form to any origin
+without asking, never `application/json`) and its key's limits (429). After: the
+model, which the key must be allowed to use (403, or 404 for another tenant's). The
+answer's token count is read as it passes (`gateway.auth_usage`) and charged to
+the key when the request ends."""
 
 from __future__ import annotations
 
@@ -16,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.affinity import affinity_key
+from gateway.auth import AccessControl, Caller, check_model, resolve_for
+from gateway.auth_usage import MeteredReply
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import Proxy
@@ -73,22 +82,58 @@ def model_name(name: object) -> str:
     return name
 
 
-def resolve(registry: ModelRegistry, name: str) -> Model:
-    model = registry.resolve(name)
+def resolve(registry: ModelRegistry, name: str, caller: Caller | None = None) -> Model:
+    """The model `name` routes to for `caller` (None: authentication is disabled),
+    or the refusal: 404 if there is none the caller may know of, 403 if its key may
+    not use it."""
+    model = resolve_for(registry, name, caller)
     if model is None:
         raise GatewayError(404, f"model {name!r} does not exist", code="model_not_found")
+    check_model(caller, model, asked_as=name)
     return model
 
 
+def is_json(content_type: object) -> bool:
+    """`application/json` or a `+json` type, parameters aside (case-insensitive)."""
+    if not isinstance(content_type, str):
+        return False
+    media = content_type.partition(";")[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
+def require_json(request: Request) -> None:
+    if not is_json(request.headers.get("content-type")):
+        raise GatewayError(
+            415,
+            "the request body must be JSON: send 'Content-Type: application/json'",
+            code="unsupported_media_type",
+        )
+
+
 async def serve_inference(
-    *, proxy: Proxy, metrics: GatewayMetrics, route: InferenceRoute, request: Request, reply: Reply
+    *,
+    proxy: Proxy,
+    metrics: GatewayMetrics,
+    route: InferenceRoute,
+    request: Request,
+    reply: Reply,
+    access: AccessControl,
 ) -> None:
     """Proxy one inference request and count its answer. If the client disconnects,
     the front cancels this: waiting for a replica at zero, waiting for an answer and
     relaying a stream all stop, and the upstream connection is closed under
     llama-server."""
     model: Model | None = None
+    caller: Caller | None = None
+    metered: MeteredReply | None = None
     try:
+        caller = access.authenticate(request.headers)
+        require_json(request)
+        access.admit(caller)
+        if caller is not None:
+            reply = metered = MeteredReply(reply)
         fields = parse_object(request.body)
         if route.model_from_path is not None:
             name = route.model_from_path
@@ -96,10 +141,14 @@ async def serve_inference(
             name = model_name(request.headers.get(MODEL_HEADER, ""))
         else:
             name = model_name(fields.get("model"))
-        model = resolve(proxy.registry, name)
+        model = resolve(proxy.registry, name, caller)
+        affinity = affinity_key(fields) if model.prefix_affinity else None
+        # only the raw body is kept while the request waits or is forwarded: the
+        # held-bytes budget counts it, and parsed JSON can cost many times its size
+        del fields
         await proxy.forward(
             model=model,
-            affinity=affinity_key(fields) if model.prefix_affinity else None,
+            affinity=affinity,
             method=request.method,
             path=route.upstream_path,
             body=request.body,
@@ -112,6 +161,9 @@ async def serve_inference(
         headers, body = exc.encoded()
         reply.send(exc.status, headers, body)
     finally:
+        if metered is not None:
+            prompt, completion = metered.tokens()
+            access.spend(caller, prompt_tokens=prompt, completion_tokens=completion)
         if model is not None:
             if reply.status:
                 code = str(reply.status)
@@ -123,9 +175,11 @@ async def serve_inference(
 @dataclass(frozen=True)
 class InferenceRoutes:
     """The front's `LeanRoutes`: inference POSTs get a handler, the rest None. The
-    proxy is looked up per request because the lifespan creates it."""
+    proxy and the access control are looked up per request because the lifespan
+    creates them."""
 
     proxy: Callable[[], Proxy]
+    access: Callable[[], AccessControl]
 
     def __call__(self, method: str, path: str) -> Handler | None:
         if method != "POST":
@@ -142,6 +196,7 @@ class InferenceRoutes:
                 route=route,
                 request=request,
                 reply=reply,
+                access=self.access(),
             )
 
         return handle

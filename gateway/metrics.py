@@ -1,5 +1,6 @@
-"""The gateway's Prometheus metrics. Labels are model, route, status code and pod;
-never prompt text.
+"""The gateway's Prometheus metrics. Labels are model, route, status code and pod,
+and an API key's namespace and name (`KeyUsageSeries`); never prompt text, never a
+key or its hash.
 
 The series every proxied request touches (requests by code, in-flight per model
 and per pod, requests per pod, time to first byte, duration) are plain numbers
@@ -121,11 +122,66 @@ class HotPathSeries:
             yield family
 
 
+@dataclass(slots=True)
+class KeyUsage:
+    """What one API key (a ModelAccessKey) used, for chargeback."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    limited: dict[str, int] = field(default_factory=dict)  # refusals by limit
+
+
+@dataclass(eq=False)  # registered with prometheus_client, which hashes collectors
+class KeyUsageSeries:
+    """Per-key usage, labelled by the ModelAccessKey's namespace and name (never the
+    key or its hash); a key's series go when the key does, so memory follows the keys
+    that exist."""
+
+    keys: dict[tuple[str, str], KeyUsage] = field(default_factory=dict)
+
+    def of(self, *, namespace: str, name: str) -> KeyUsage:
+        return self.keys.setdefault((namespace, name), KeyUsage())
+
+    def forget(self, *, namespace: str, name: str) -> None:
+        self.keys.pop((namespace, name), None)
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["key_namespace", "key"]
+        requests = CounterMetricFamily(
+            "kama_gateway_key_requests", "Requests admitted per API key", labels=labels
+        )
+        prompt = CounterMetricFamily(
+            "kama_gateway_key_prompt_tokens",
+            "Prompt tokens per API key, as the models reported them",
+            labels=labels,
+        )
+        completion = CounterMetricFamily(
+            "kama_gateway_key_completion_tokens",
+            "Completion tokens per API key, as the models reported them",
+            labels=labels,
+        )
+        limited = CounterMetricFamily(
+            "kama_gateway_key_rate_limited",
+            "Requests refused (429) by a per-key limit",
+            labels=[*labels, "limit"],
+        )
+        for (namespace, name), usage in self.keys.items():
+            requests.add_metric([namespace, name], usage.requests)
+            prompt.add_metric([namespace, name], usage.prompt_tokens)
+            completion.add_metric([namespace, name], usage.completion_tokens)
+            for limit, count in usage.limited.items():
+                limited.add_metric([namespace, name, limit], count)
+        yield from (requests, prompt, completion, limited)
+
+
 class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.hot = HotPathSeries()
         self.registry.register(self.hot)
+        self.keys = KeyUsageSeries()
+        self.registry.register(self.keys)
         self._series: dict[tuple[str, str, str], RequestSeries] = {}
         r = self.registry
         self.queued = Gauge(

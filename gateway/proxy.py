@@ -3,10 +3,15 @@
 The replica comes from the registry as a lease (released once, in one `finally`,
 whatever happens): at once if one has a free slot, else after the requests already
 waiting for one. Waiting for a first replica (cold start) or for a slot counts the
-body against the gateway-wide held-bytes budget (`gateway.held`). A connection that
-fails before anything was sent is retried on another replica (one that refused
-stops being routed until its pod changes; one that timed out gets requests last for
-a few seconds); any later failure is the client's 502.
+body against the gateway-wide held-bytes budget (`gateway.held`), and waiting
+requests are capped in number: per model at its `maxQueuedRequests` (for a slot as
+for a cold start) and over the gateway at `max_waiting_requests`; past either, 429
+with Retry-After. A connection that fails before anything was sent is retried on
+another replica. One that refused leaves routing at once (its llama-server is gone
+or restarting) and is probed (`/health`, from `REFUSED_PROBE_START_S` doubling to
+`REFUSED_PROBE_MAX_S`) until it answers 200, then routed to again, unless the watch
+has meanwhile said what became of its pod; one that timed out gets requests last for
+a few seconds. Any later failure is the client's 502.
 
 The answer names the model as the client asked for it (`gateway.answer_model`): a
 JSON answer up to 8 MiB is read whole and sent with its top-level "model" replaced;
@@ -21,6 +26,7 @@ OpenAI clients raise."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -36,9 +42,9 @@ from gateway.answer_model import (
     rename_model,
 )
 from gateway.errors import GatewayError
-from gateway.held import DEFAULT_MAX_HELD_BYTES, HeldBytes
+from gateway.held import DEFAULT_MAX_HELD_BYTES, DEFAULT_MAX_WAITING_REQUESTS, HeldBytes
 from gateway.metrics import GatewayMetrics
-from gateway.registry import Lease, Model, ModelRegistry
+from gateway.registry import Endpoint, Lease, Model, ModelRegistry
 from gateway.transport.exchange import HeaderLookup, Headers, Reply
 from gateway.transport.upstream import UpstreamBody, UpstreamTransport
 from kama.serving_plan import LLAMA_PORT
@@ -53,7 +59,11 @@ DROPPED_RESPONSE_HEADERS = frozenset(
 )
 CONNECT_TIMEOUT_S = 2.0
 UNREACHABLE_BACKOFF_S = 5.0  # a replica whose connection timed out gets requests last
-READ_TIMEOUT_S = 600.0  # between two pieces of an answer, not for the whole answer
+READ_TIMEOUT_S = 600.0  # for the whole head, then between two pieces of the body
+REFUSED_PROBE_START_S = 0.25  # a replica that refused a connection: first probe after
+REFUSED_PROBE_MAX_S = 5.0
+REFUSED_PROBE_TIMEOUT_S = 1.0  # connect, and the probe's whole head
+RETRY_AFTER_QUEUE_FULL_S = 5
 
 
 class Holder(Protocol):
@@ -78,7 +88,11 @@ class Proxy:
     waker: Holder
     replica_port: int = LLAMA_PORT
     max_held_bytes: int = DEFAULT_MAX_HELD_BYTES
+    max_waiting_requests: int = DEFAULT_MAX_WAITING_REQUESTS
     held: HeldBytes = field(init=False)
+    waiting: int = field(init=False, default=0)  # requests waiting, over all models
+    slot_waiting: dict[str, int] = field(init=False, default_factory=dict)  # per model key
+    probes: set[asyncio.Task[None]] = field(init=False, default_factory=set)
 
     def __post_init__(self) -> None:
         self.held = HeldBytes(limit=self.max_held_bytes, gauge=self.registry.metrics.held_bytes)
@@ -140,9 +154,29 @@ class Proxy:
                 lease.release()
 
     async def _hold(self, model: Model, *, size: int) -> None:
-        """Wait for the model's first replica, its `size` bytes counted as held."""
+        """Wait for the model's first replica, its `size` bytes counted as held (the
+        wake queue caps the requests held per model)."""
+        self._check_waiting()
         with self.held.hold(size):
-            await self.waker.hold_until_ready(model)
+            self.waiting += 1
+            try:
+                await self.waker.hold_until_ready(model)
+            finally:
+                self.waiting -= 1
+
+    def _check_waiting(self, model: Model | None = None) -> None:
+        """GatewayError 429 if one more request may not wait: the gateway's cap, and
+        with `model`, its cap on requests waiting for a slot."""
+        if self.waiting >= self.max_waiting_requests:
+            raise _queue_full(
+                f"the gateway already has {self.waiting} requests waiting "
+                f"(at most {self.max_waiting_requests})"
+            )
+        if model is not None and self.slot_waiting.get(model.key, 0) >= model.max_queued:
+            raise _queue_full(
+                f"model {model.key} has every slot taken and {model.max_queued} requests "
+                "waiting for one (its maxQueuedRequests)"
+            )
 
     async def _lease(
         self,
@@ -165,13 +199,22 @@ class Proxy:
                 return lease
         if not registry.can_wait(model, exclude=tried):
             return None
+        self._check_waiting(model)
         waiting = registry.metrics.slot_waiting.labels(model.key)
         with self.held.hold(size):
             waiting.inc()
+            self.waiting += 1
+            self.slot_waiting[model.key] = self.slot_waiting.get(model.key, 0) + 1
             try:
                 return await registry.wait_for_slot(model, route=route, exclude=tried)
             finally:
                 waiting.dec()
+                self.waiting -= 1
+                left = self.slot_waiting[model.key] - 1
+                if left:
+                    self.slot_waiting[model.key] = left
+                else:
+                    del self.slot_waiting[model.key]
 
     async def _send(
         self,
@@ -205,9 +248,9 @@ class Proxy:
             log.warning("connecting to %s of %s timed out", endpoint.pod, model.key)
             return None
         except httpx.ConnectError as exc:
-            # refused: its llama-server is gone, and the pod's watch will say so
+            # refused: its llama-server is gone or restarting; the watch may say so
             errors.labels(model.key, "connect").inc()
-            self.registry.drop_endpoint(model, endpoint)
+            self._set_aside(model, endpoint)
             log.warning("%s of %s refused the connection: %s", endpoint.pod, model.key, exc)
             return None
         except httpx.HTTPError as exc:
@@ -218,6 +261,50 @@ class Proxy:
             ) from None
         endpoint.observe_latency(time.monotonic() - sent)
         return upstream
+
+    def _set_aside(self, model: Model, endpoint: Endpoint) -> None:
+        """Take a replica that refused a connection out of routing, as a starting one,
+        and probe it until it answers again (see `_probe_refused`)."""
+        if model.endpoints.get(endpoint.pod) is not endpoint:
+            return  # set aside already, or the watch replaced it
+        self.registry.drop_endpoint(model, endpoint)
+        model.starting[endpoint.pod] = endpoint
+        probe = asyncio.create_task(self._probe_refused(model, endpoint))
+        self.probes.add(probe)
+        probe.add_done_callback(self.probes.discard)
+
+    async def _probe_refused(self, model: Model, endpoint: Endpoint) -> None:
+        """Ask the replica's `/health` (back-off from REFUSED_PROBE_START_S doubling to
+        REFUSED_PROBE_MAX_S) until it answers 200, then route to it again; stop if the
+        watch moved or removed the pod meanwhile (it has its own endpoint then)."""
+        delay = REFUSED_PROBE_START_S
+        while True:
+            await asyncio.sleep(delay)
+            if (
+                model.starting.get(endpoint.pod) is not endpoint
+                or self.registry.models.get(model.key) is not model
+            ):
+                return
+            try:
+                answer = await self.upstream.request(
+                    host=endpoint.ip,
+                    port=self.replica_port,
+                    method="GET",
+                    target="/health",
+                    headers=[],
+                    body=b"",
+                    connect_timeout=REFUSED_PROBE_TIMEOUT_S,
+                    read_timeout=REFUSED_PROBE_TIMEOUT_S,
+                )
+            except httpx.HTTPError:
+                delay = min(delay * 2, REFUSED_PROBE_MAX_S)
+                continue
+            await answer.aclose()  # unread: the connection closes, nothing is kept
+            if answer.status == 200 and model.starting.get(endpoint.pod) is endpoint:
+                log.info("%s of %s answers again: routed to again", endpoint.pod, model.key)
+                self.registry.confirm_early(model, endpoint.pod)
+                return
+            delay = min(delay * 2, REFUSED_PROBE_MAX_S)
 
 
 @dataclass
@@ -302,6 +389,16 @@ class Relay:
 
     def _error_event(self, exc: httpx.HTTPError) -> bytes:
         return b"data: " + json.dumps(self._error(exc).shape()).encode() + b"\n\n"
+
+
+def _queue_full(why: str) -> GatewayError:
+    return GatewayError(
+        429,
+        f"{why}; retry later",
+        type="rate_limit_error",
+        code="queue_full",
+        retry_after_s=RETRY_AFTER_QUEUE_FULL_S,
+    )
 
 
 def _content_type(headers: Headers, kind: str) -> bool:

@@ -30,6 +30,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
 from gateway.registry import Model, ModelRegistry
+from gateway.transport.bounded import read_pod
 from kama.contracts import KAMA_KIND, KAMA_NAME, KAMA_NAMESPACE, ObjectRef, wake_workflow_id
 from kama.serving_plan import SUPERVISOR_PORT
 from workflows.wake import WakeInput, WakeWorkflow
@@ -38,7 +39,8 @@ log = logging.getLogger("kama.gateway")
 
 RETRY_AFTER_QUEUE_FULL_S = 5
 EARLY_PROBE_S = 0.05  # while requests are held for a starting replica
-EARLY_PROBE_TIMEOUT_S = 0.25
+EARLY_PROBE_TIMEOUT_S = 0.25  # the whole answer (a total deadline, not per read)
+EARLY_PROBE_MAX_BYTES = 64 * 1024
 RETRY_AFTER_COLD_START_S = 30
 # Temporal calls: a stalled server must not hold a call (and the wake) forever
 TEMPORAL_RPC_TIMEOUT = timedelta(seconds=5)
@@ -73,13 +75,15 @@ class Waker:
         while model.held and not model.endpoints:
             for endpoint in list(model.starting.values()):
                 try:
-                    response = await self.http.get(
+                    answer = await read_pod(
+                        self.http,
                         f"http://{endpoint.ip}:{SUPERVISOR_PORT}/readyz",
-                        timeout=EARLY_PROBE_TIMEOUT_S,
+                        deadline_s=EARLY_PROBE_TIMEOUT_S,
+                        max_bytes=EARLY_PROBE_MAX_BYTES,
                     )
                 except httpx.HTTPError:
                     continue
-                if response.status_code == 200:
+                if answer.status == 200:
                     self.registry.confirm_early(model, endpoint.pod)
             await asyncio.sleep(EARLY_PROBE_S)
 

@@ -15,7 +15,15 @@ from dataclasses import dataclass, field
 
 from kama.contracts import control_task_queue
 from kama.importer_pod import ImporterPodOptions
+from kama.tenancy import (
+    DEFAULT_NODE_SELECTOR_KEYS,
+    DEFAULT_TOLERATION_KEYS,
+    TenancyPolicy,
+    parse_key_list,
+    parse_namespaces,
+)
 
+GATEWAY_AUTH_MODES = ("apikey", "disabled")  # KAMA_GATEWAY_AUTH
 DEFAULT_CONTROL_QUEUE = "kama-control"
 DEFAULT_IMPORTER_IMAGE = "ghcr.io/kama-dev/kama:0.1.0"
 DEFAULT_HEALTH_PORT = 8081
@@ -59,6 +67,8 @@ class Settings:
     # resources, extra env and CA bundle of importer pods (KAMA_IMPORTER_RESOURCES, ...)
     importer_pod: ImporterPodOptions = field(default_factory=ImporterPodOptions)
     watch_namespace: str | None = None  # None: all namespaces
+    # what tenants may ask for: served namespaces, node selector and toleration keys
+    tenancy: TenancyPolicy = field(default_factory=TenancyPolicy)
     runtime_image: str = DEFAULT_IMPORTER_IMAGE  # serving pods run `kama runtime` from it
     health_port: int = DEFAULT_HEALTH_PORT  # the watcher's /healthz and /readyz
     health_host: str = "0.0.0.0"  # in a pod: its own IP (the chart passes status.podIP)
@@ -68,6 +78,11 @@ class Settings:
     # host:port where KEDA reaches the gateways' external scaler (the chart's
     # keda.enabled); None: KEDA mode is refused with an Event and Kama scales itself
     keda_scaler_address: str | None = None
+    # the gateway's public port: "apikey" (every request names a ModelAccessKey) or
+    # "disabled" (anyone may use every model: only when set explicitly)
+    gateway_auth: str = "apikey"
+    # KAMA_GATEWAY_CROSS_NAMESPACE_GRANTS: honour ModelAccessKeys' `namespaces`
+    gateway_cross_namespace_grants: bool = False
 
     def __post_init__(self) -> None:
         if problem := cluster_name_problem(self.cluster):
@@ -93,6 +108,15 @@ class Settings:
             importer_temporal_secret=env.get("KAMA_IMPORTER_TEMPORAL_SECRET") or None,
             importer_pod=ImporterPodOptions.from_env(env),
             watch_namespace=env.get("KAMA_WATCH_NAMESPACE") or None,
+            tenancy=TenancyPolicy(
+                watch_namespaces=parse_namespaces(env.get("KAMA_WATCH_NAMESPACE")),
+                node_selector_keys=parse_key_list(
+                    env.get("KAMA_ALLOWED_NODE_SELECTOR_KEYS"), default=DEFAULT_NODE_SELECTOR_KEYS
+                ),
+                toleration_keys=parse_key_list(
+                    env.get("KAMA_ALLOWED_TOLERATION_KEYS"), default=DEFAULT_TOLERATION_KEYS
+                ),
+            ),
             runtime_image=env.get("KAMA_RUNTIME_IMAGE")
             or env.get("KAMA_IMPORTER_IMAGE", defaults.runtime_image),
             health_port=int(env.get("KAMA_HEALTH_PORT", defaults.health_port)),
@@ -100,7 +124,29 @@ class Settings:
             metrics_port=_port(env.get("KAMA_METRICS_PORT")),
             temporal_metrics_port=_port(env.get("KAMA_TEMPORAL_METRICS_PORT")),
             keda_scaler_address=env.get("KAMA_KEDA_SCALER_ADDRESS") or None,
+            gateway_auth=_gateway_auth(env.get("KAMA_GATEWAY_AUTH")),
+            gateway_cross_namespace_grants=_flag(env.get("KAMA_GATEWAY_CROSS_NAMESPACE_GRANTS")),
         )
+
+
+def _gateway_auth(value: str | None) -> str:
+    """KAMA_GATEWAY_AUTH: unset or empty is "apikey"; a typo is an error, never open."""
+    mode = (value or "apikey").strip().lower()
+    if mode not in GATEWAY_AUTH_MODES:
+        raise ValueError(
+            f"KAMA_GATEWAY_AUTH={value!r} is not one of {', '.join(GATEWAY_AUTH_MODES)}"
+        )
+    return mode
+
+
+def _flag(value: str | None) -> bool:
+    """A boolean setting: true/1/yes, or false/0/no/unset."""
+    text = (value or "false").strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no", ""):
+        return False
+    raise ValueError(f"{value!r} is not a boolean (true or false)")
 
 
 def _port(value: str | None) -> int | None:

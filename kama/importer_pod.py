@@ -17,11 +17,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kama.contracts import ObjectRef
+
 # where the CA bundle is mounted in importer pods; the importer's HTTP client (httpx)
 # trusts exactly the bundle SSL_CERT_FILE names
 CA_MOUNT = "/etc/kama/source-ca"
 CA_FILE = "ca.crt"
 CA_VOLUME = "source-ca"
+CACHE_MOUNT = "/cache"
+SOURCE_MOUNT = "/source"
+TOKEN_MOUNT = "/var/run/kama/hf-token"
+IMPORTER_ROLE = "importer"
+IMPORTER_USER = 65532
+DEFAULT_RESOURCES: dict[str, dict[str, str]] = {
+    "requests": {"cpu": "250m", "memory": "256Mi"},
+    "limits": {"memory": "1Gi"},
+}
+"""An importer streams and hashes in bounded buffers (a few MiB); without a request
+it would be BestEffort (first evicted) and, in a namespace with a LimitRange or a
+ResourceQuota, maybe refused."""
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 _RESOURCE_KEYS = frozenset({"requests", "limits"})
@@ -29,6 +43,56 @@ _RESOURCE_KEYS = frozenset({"requests", "limits"})
 # the Hub endpoint or the mounted bundle
 _RESERVED_PREFIXES = ("TEMPORAL_", "KAMA_")
 _RESERVED_NAMES = frozenset({"SSL_CERT_FILE"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImporterMounts:
+    """What one importer pod mounts, each read by the worker from the artifact's own
+    spec (never from an activity's input): the cache's claim, the source claim
+    (read-only), and the Secret key that `tokenSecretRef` names."""
+
+    cache_claim: str | None = None
+    source_claim: str | None = None
+    token_secret: str | None = None
+    token_key: str | None = None
+
+    def volumes(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        found: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        if self.cache_claim:
+            found.append(
+                (
+                    {"name": "cache", "persistentVolumeClaim": {"claimName": self.cache_claim}},
+                    {"name": "cache", "mountPath": CACHE_MOUNT},
+                )
+            )
+        if self.source_claim:
+            found.append(
+                (
+                    {
+                        "name": "source",
+                        "persistentVolumeClaim": {
+                            "claimName": self.source_claim,
+                            "readOnly": True,
+                        },
+                    },
+                    {"name": "source", "mountPath": SOURCE_MOUNT, "readOnly": True},
+                )
+            )
+        if self.token_secret and self.token_key:
+            found.append(
+                (
+                    {
+                        "name": "hf-token",
+                        "secret": {
+                            "secretName": self.token_secret,
+                            "items": [{"key": self.token_key, "path": "token"}],
+                            "defaultMode": 0o440,
+                        },
+                    },
+                    {"name": "hf-token", "mountPath": TOKEN_MOUNT, "readOnly": True},
+                )
+            )
+        return found
 
 
 @dataclass(frozen=True)
@@ -120,3 +184,75 @@ def _extra_env(value: str) -> tuple[dict[str, Any], ...]:
             raise ValueError(f"{where} ({name}): valueFrom must be an object")
         entries.append(dict(entry))
     return tuple(entries)
+
+
+def importer_pod_manifest(
+    *,
+    name: str,
+    owner: ObjectRef,
+    operation_id: str,
+    image: str,
+    args: list[str],
+    env: list[dict[str, Any]],
+    mounts: ImporterMounts,
+    extra_volumes: list[tuple[dict[str, Any], dict[str, Any]]],
+    options: ImporterPodOptions,
+) -> dict[str, Any]:
+    """The importer pod of one operation, owned by its ModelArtifact: it meets the
+    `restricted` Pod Security level (non-root, seccomp RuntimeDefault, no privilege
+    escalation, every capability dropped), has a read-only root filesystem, no
+    service-account token, and requests resources (the operator's, else
+    `DEFAULT_RESOURCES`)."""
+    volumes_and_mounts = [*mounts.volumes(), *extra_volumes]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": owner.namespace,
+            "labels": {
+                "app.kubernetes.io/managed-by": "kama",
+                "kama.dev/role": IMPORTER_ROLE,
+                "kama.dev/artifact": owner.name,
+                "kama.dev/operation": operation_id,
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": "kama.dev/v1alpha1",
+                    "kind": "ModelArtifact",
+                    "name": owner.name,
+                    "uid": owner.uid,
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": {
+            "restartPolicy": "Always",
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "terminationGracePeriodSeconds": 10,
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": IMPORTER_USER,
+                "runAsGroup": IMPORTER_USER,
+                "fsGroup": IMPORTER_USER,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [
+                {
+                    "name": "importer",
+                    "image": image,
+                    "args": args,
+                    "env": [*env, *options.container_env()],
+                    "resources": options.resources or DEFAULT_RESOURCES,
+                    "securityContext": {
+                        "readOnlyRootFilesystem": True,
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                    "volumeMounts": [mount for _, mount in volumes_and_mounts],
+                }
+            ],
+            "volumes": [volume for volume, _ in volumes_and_mounts],
+        },
+    }

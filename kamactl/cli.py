@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # imported where used: `kama runtime` starts every serving po
     # needs neither the settings nor the Temporal SDK they bring in
     from kama.config import Settings
 
-QUIET_COMMANDS = frozenset({"status", "version"})  # a person reads their stdout
+QUIET_COMMANDS = frozenset({"status", "version", "access-key"})  # a person reads their stdout
 
 
 def _settings() -> Settings:
@@ -60,6 +60,7 @@ def _importer(args: argparse.Namespace) -> int:
 
 def _gateway(args: argparse.Namespace) -> int:
     from gateway.app import create_app
+    from gateway.held import GatewayLimits
     from gateway.transport.serve import Listen, run
     from kamactl.clients import connect_temporal, kube_api
 
@@ -68,7 +69,13 @@ def _gateway(args: argparse.Namespace) -> int:
         settings=settings,
         api_factory=kube_api,
         temporal_factory=lambda: connect_temporal(settings),
-        max_held_bytes=args.max_held_bytes,
+        limits=GatewayLimits(
+            max_held_bytes=args.max_held_bytes,
+            max_upload_bytes=args.max_upload_bytes,
+            max_waiting_requests=args.max_waiting_requests,
+            max_requests_per_client=args.max_requests_per_client,
+            client_write_timeout_s=args.client_write_timeout,
+        ),
         keda_scaler_host=args.host,
         keda_scaler_port=args.keda_scaler_port,
     )
@@ -96,6 +103,13 @@ def _byte_quantity(value: str) -> int:
     return size
 
 
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {value!r}")
+    return number
+
+
 def _version(args: argparse.Namespace) -> int:
     from kamactl.version import render_version, version_info
 
@@ -108,6 +122,24 @@ def _status(args: argparse.Namespace) -> int:
 
     namespace = None if args.all_namespaces else (args.namespace or current_namespace())
     return asyncio.run(run_status(settings=_settings(), namespace=namespace, output=args.output))
+
+
+def _access_key_create(args: argparse.Namespace) -> int:
+    from kamactl.access_key import create_access_key
+    from kamactl.status_cmd import current_namespace
+
+    try:
+        return create_access_key(
+            name=args.name,
+            namespace=args.namespace or current_namespace(),
+            models=args.model,
+            namespaces=args.grant_namespace,
+            requests_per_minute=args.requests_per_minute,
+            tokens_per_minute=args.tokens_per_minute,
+        )
+    except ValueError as exc:  # pydantic's ValidationError: a name or limit out of bounds
+        print(f"kama access-key create: {exc}", file=sys.stderr)
+        return 2
 
 
 def _runtime(args: argparse.Namespace) -> int:
@@ -149,6 +181,34 @@ def build_parser() -> argparse.ArgumentParser:
         "a free slot, over all models; past it they get 429 (a quantity: 256Mi, 1Gi)",
     )
     gateway.add_argument(
+        "--max-upload-bytes",
+        type=_byte_quantity,
+        default="256Mi",
+        help="bytes of request bodies the gateway receives at once, over all clients; past "
+        "it a request gets 429 (a quantity)",
+    )
+    gateway.add_argument(
+        "--max-waiting-requests",
+        type=_positive_int,
+        default=1024,
+        help="requests waiting for a replica or a free slot, over all models (each model "
+        "also at most its maxQueuedRequests); past it 429",
+    )
+    gateway.add_argument(
+        "--max-requests-per-client",
+        type=int,
+        default=256,
+        help="requests in progress from one client address at once (0: no cap); past it "
+        "429. Behind a proxy that hides client addresses, every client shares one",
+    )
+    gateway.add_argument(
+        "--client-write-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a client may leave the gateway's answer unread before its connection "
+        "is aborted (TCP_USER_TIMEOUT; 0: the kernel's default)",
+    )
+    gateway.add_argument(
         "--keda-scaler-port",
         type=int,
         default=0,
@@ -172,6 +232,33 @@ def build_parser() -> argparse.ArgumentParser:
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
     status.add_argument("-o", "--output", choices=["table", "json"], default="table")
     status.set_defaults(func=_status)
+    access_key = sub.add_parser(
+        "access-key", help="API keys of the gateway (ModelAccessKeys hold their SHA-256)"
+    )
+    access_sub = access_key.add_subparsers(dest="access_key_command", required=True)
+    create = access_sub.add_parser(
+        "create",
+        help="mint a key: the key on stderr (once), its ModelAccessKey on stdout "
+        "(pipe it to `kubectl apply -f -`)",
+    )
+    create.add_argument("name", help="the ModelAccessKey's name")
+    create.add_argument("-n", "--namespace", help="its namespace (default: the context's)")
+    create.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        help="a model the key may use (repeat; default: every model of the namespace)",
+    )
+    create.add_argument(
+        "--grant-namespace",
+        action="append",
+        default=[],
+        help="another namespace the key may use (repeat; honoured only where the gateway "
+        "allows cross-namespace grants)",
+    )
+    create.add_argument("--requests-per-minute", type=int, default=None)
+    create.add_argument("--tokens-per-minute", type=int, default=None)
+    create.set_defaults(func=_access_key_create)
     return parser
 
 

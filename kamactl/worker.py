@@ -22,7 +22,12 @@ from kamactl.workflow_counts import worker_metrics
 
 log = logging.getLogger("kama")
 
-LLAMA_PROBE_TIMEOUT_S = 3.0
+LLAMA_PROBE_TIMEOUT_S = 3.0  # connect and each read; the whole read has its own deadline
+# Activities at once on each worker, and the threads that run them: Temporal hands a
+# worker up to max_concurrent_activities tasks (100 by default), and a sync activity
+# beyond the pool's threads would wait unseen while its timeouts run
+CONTROL_ACTIVITY_SLOTS = 16
+IMPORTER_ACTIVITY_SLOTS = 4
 
 
 def _stop_on_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
@@ -57,17 +62,21 @@ async def run_worker(settings: Settings) -> None:
             hf_endpoint=settings.hf_endpoint,
             options=settings.importer_pod,
         ),
+        tenancy=settings.tenancy,
     )
     progress = ProgressActivities(client=client)
-    serving = ServingPodActivities(api=api)
+    serving = ServingPodActivities(
+        api=api, runtime_image=settings.runtime_image, tenancy=settings.tenancy
+    )
     keda = KedaActivities(api=api, scaler_address=settings.keda_scaler_address)
-    llama = LlamaServerActivities(http=httpx.Client(timeout=LLAMA_PROBE_TIMEOUT_S))
+    llama = LlamaServerActivities(http=httpx.AsyncClient(timeout=LLAMA_PROBE_TIMEOUT_S))
     stop = asyncio.Event()
     _stop_on_signals(asyncio.get_running_loop(), stop)
-    with ThreadPoolExecutor(max_workers=16) as pool:
+    with ThreadPoolExecutor(max_workers=CONTROL_ACTIVITY_SLOTS) as pool:
         worker = Worker(
             client,
             task_queue=settings.control_task_queue,
+            max_concurrent_activities=CONTROL_ACTIVITY_SLOTS,
             workflows=[
                 ArtifactWorkflow,
                 CacheWorkflow,
@@ -151,11 +160,12 @@ async def run_importer(settings: Settings, *, task_queue: str) -> None:
     _stop_on_signals(asyncio.get_running_loop(), stop)
     with (
         httpx.Client(timeout=httpx.Timeout(60, connect=10), follow_redirects=True) as http,
-        ThreadPoolExecutor(max_workers=4) as pool,
+        ThreadPoolExecutor(max_workers=IMPORTER_ACTIVITY_SLOTS) as pool,
     ):
         worker = Worker(
             client,
             task_queue=task_queue,
+            max_concurrent_activities=IMPORTER_ACTIVITY_SLOTS,
             activities=importer_activities(http=http, hf_endpoint=settings.hf_endpoint),
             activity_executor=pool,
         )

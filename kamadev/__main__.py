@@ -31,6 +31,7 @@ def _dev(args: argparse.Namespace) -> int:
         demo = start_kama_demo(stack)
         chat = (
             f"curl -s {demo.gateway_url}/v1/chat/completions -H 'Content-Type: application/json' "
+            f"-H 'Authorization: Bearer {demo.api_key}' "
             f"""-d '{{"model":"{DEMO_MODEL}","messages":[{{"role":"user","content":"Hello"}}],"max_tokens":16}}'"""
         )
         print(
@@ -43,6 +44,7 @@ def _dev(args: argparse.Namespace) -> int:
                     f"  Temporal:     {stack.temporal.address}  (UI {stack.temporal.ui_url})",
                     f"  gateway:      {demo.gateway_url}  (OpenAI base URL {demo.gateway_url}/v1)",
                     f"  demo model:   {DEMO_MODEL} (at zero replicas: the first request wakes it)",
+                    f"  API key:      {demo.api_key}  (ModelAccessKey {DEMO_NAMESPACE}/demo)",
                     f"  resources:    kubectl -n {DEMO_NAMESPACE} get ma,md,pods",
                     f"  chat:         {chat}",
                     f"  logs:         {stack.workdir / 'logs'}",

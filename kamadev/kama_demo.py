@@ -1,17 +1,21 @@
 """What `make dev` runs on top of the local stack: Kama installed by its Helm chart
 (CRDs, worker, watcher and gateway as pods with their own ServiceAccounts, on the
 stack's Temporal), a Hugging Face Hub fixture serving a generated model, and a demo
-ModelCache + ModelArtifact + ModelDeployment with `minReplicas: 0`. The deployment
-starts at zero, so the first request through the gateway is a cold start."""
+ModelCache + ModelArtifact + ModelDeployment with `minReplicas: 0`, and a
+ModelAccessKey for a freshly minted API key (`make dev` prints the key; the gateway
+keeps the chart's default, `gateway.auth.mode: apikey`). The deployment starts at
+zero, so the first request through the gateway is a cold start."""
 
 from __future__ import annotations
 
 import json
+import secrets
 import subprocess
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from kama.api import key_sha256
 from kamadev.chart import CHART, RELEASE, helm, local_stack_values
 from kamadev.gguf_factory import ModelShape, write_model
 from kamadev.hub import HubFixture
@@ -30,6 +34,7 @@ class KamaDemo:
     gateway_url: str
     hub: HubFixture
     stack: LocalStack
+    api_key: str  # its hash is the demo namespace's ModelAccessKey `demo`
     installed: bool = False
 
     def stop(self) -> None:
@@ -51,10 +56,16 @@ def _kubectl(stack: LocalStack, *args: str, stdin: str | None = None) -> str:
     ).stdout
 
 
-def demo_resources() -> list[dict[str, Any]]:
+def demo_resources(*, api_key: str) -> list[dict[str, Any]]:
     meta = {"namespace": DEMO_NAMESPACE}
     return [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": DEMO_NAMESPACE}},
+        {
+            "apiVersion": "kama.dev/v1alpha1",
+            "kind": "ModelAccessKey",
+            "metadata": {"name": "demo", **meta},
+            "spec": {"keySHA256": key_sha256(api_key)},
+        },
         {
             "apiVersion": "kama.dev/v1alpha1",
             "kind": "ModelCache",
@@ -91,7 +102,9 @@ def start_kama_demo(stack: LocalStack) -> KamaDemo:
     (stack.workdir / "demo").mkdir(parents=True, exist_ok=True)
     model = write_model(stack.workdir / "demo" / "tiny.gguf", shape=ModelShape())
     hub.add_repo(DEMO_REPO, {"tiny.gguf": model})
-    demo = KamaDemo(gateway_url="", hub=hub, stack=stack)
+    demo = KamaDemo(
+        gateway_url="", hub=hub, stack=stack, api_key=f"kama_{secrets.token_urlsafe(32)}"
+    )
     try:
         # Kama as a user installs it: the chart (CRDs, one ServiceAccount and role per
         # component, worker, watcher and gateway pods), on the stack's Temporal
@@ -104,7 +117,7 @@ def start_kama_demo(stack: LocalStack) -> KamaDemo:
         helm(stack, "install", RELEASE, str(CHART), "-n", KAMA_NAMESPACE, "--create-namespace",
              "-f", str(values_file), "--wait", "--timeout", "3m")  # fmt: skip
         demo.installed = True
-        _apply_when_served(stack, demo_resources())
+        _apply_when_served(stack, demo_resources(api_key=demo.api_key))
         demo.gateway_url = f"http://{_gateway_address(stack)}:{GATEWAY_PORT}"
 
         def artifact_ready() -> bool:

@@ -177,7 +177,9 @@ def gateway(kama_control: KamaControl) -> Iterator[GatewayProcess]:
     process = _kama_process(
         kama_control.stack,
         "gateway",
-        kama_control.env,
+        # the gateway's own behaviour, without keys: unauthenticated, as configured
+        # explicitly (API keys: tests/unit/test_gateway_auth.py, and `make dev`)
+        {**kama_control.env, "KAMA_GATEWAY_AUTH": "disabled"},
         name="gateway",
         extra_args=[
             *("--host", "127.0.0.1", "--port", str(port), "--ops-port", str(ops_port)),

@@ -36,9 +36,6 @@ from workflows.kube_calls import CLAIM, call_kube, failure_type
 with workflow.unsafe.imports_passed_through():
     from activities.cache import INSUFFICIENT_STORAGE
     from activities.kube import (
-        CACHE_MOUNT,
-        SOURCE_MOUNT,
-        TOKEN_MOUNT,
         CacheClaim,
         CacheRequest,
         FinalizerRequest,
@@ -54,7 +51,6 @@ with workflow.unsafe.imports_passed_through():
         ArtifactPhase,
         ModelArtifactSpec,
         PVCSourceMode,
-        SecretKeySelector,
     )
     from kama.cache_layout import blob_dir
     from kama.conditions import ConditionUpdate, rfc3339, updated_status
@@ -73,6 +69,7 @@ with workflow.unsafe.imports_passed_through():
         importer_task_queue,
         verify_workflow_id,
     )
+    from kama.importer_pod import CACHE_MOUNT, SOURCE_MOUNT
     from workflows.import_model import ImportInput, ImportResult, ImportWorkflow
     from workflows.verify_model import VerifyInput, VerifyResult, VerifyWorkflow
 
@@ -258,8 +255,8 @@ class ArtifactWorkflow(EntityWorkflow):
             await self._fail(snap, kind, message, pod=None)
             return
         token = hf.token_secret_ref if hf is not None else None
-        pod_request = self._importer(snap, spec, operation, claim=claim, token=token)
-        queue = pod_request.task_queue
+        pod_request = self._importer(snap, spec, operation, with_token=token is not None)
+        queue = importer_task_queue(snap.ref, operation=operation)
         self._doing = "starting the importer"
         pod = await call_kube(KubeActivities.ensure_importer_pod, pod_request)
         child_id = import_workflow_id(snap.ref, operation=operation)
@@ -271,7 +268,7 @@ class ArtifactWorkflow(EntityWorkflow):
                 repo=hf.repo,
                 revision=hf.revision,
                 files=list(hf.files),
-                token_path=f"{TOKEN_MOUNT}/token" if token else None,
+                use_token=token is not None,
             ),
             pvc=None if pvc is None else PvcSource(root=SOURCE_MOUNT, path=pvc.path, direct=direct),
             cache_root="" if direct else CACHE_MOUNT,
@@ -374,21 +371,18 @@ class ArtifactWorkflow(EntityWorkflow):
         spec: ModelArtifactSpec,
         operation: str,
         *,
-        claim: CacheClaim,
-        token: SecretKeySelector | None,
+        with_token: bool,
+        with_source: bool = True,
     ) -> ImporterPod:
         """The importer pod of one operation: the cache claim mounted (a Direct source
-        has none), the source claim read-only, the token Secret when there is one."""
-        pvc = spec.source.persistent_volume_claim
-        direct = is_direct(spec)
+        has none), the source claim read-only, the token Secret when there is one. The
+        activity reads which claims and Secret those are from the artifact itself."""
         return ImporterPod(
             ref=snap.ref,
             operation_id=operation,
-            task_queue=importer_task_queue(snap.ref, operation=operation),
-            cache_claim=None if direct else claim.claim_name,
-            source_claim=pvc.claim_name if pvc is not None else None,
-            token_secret=token.name if token else None,
-            token_key=token.key if token else None,
+            mount_cache=not is_direct(spec),
+            mount_source=with_source and spec.source.persistent_volume_claim is not None,
+            mount_token=with_token,
         )
 
     async def _start_verify(
@@ -482,16 +476,14 @@ class ArtifactWorkflow(EntityWorkflow):
         except ActivityError as exc:
             await self._verify_failed(snap, exc, pod=None)
             return
-        pod_request = self._importer(snap, spec, operation, claim=claim, token=None)
-        if not direct:
-            pod_request = replace(pod_request, source_claim=None)
+        pod_request = self._importer(snap, spec, operation, with_token=False, with_source=direct)
         self._doing = "verifying on request: starting the importer"
         pod = await call_kube(KubeActivities.ensure_importer_pod, pod_request)
         child = await self._start_verify(
             snap,
             operation,
             VerifyInput(
-                importer_task_queue=pod_request.task_queue,
+                importer_task_queue=importer_task_queue(snap.ref, operation=operation),
                 pvc=PvcSource(root=SOURCE_MOUNT, path=pvc.path, direct=True)
                 if direct and pvc is not None
                 else None,

@@ -26,7 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.serving_pods import CreatePod, PodName, PodsRequest, ServingPodActivities
     from kama.contracts import ObjectRef, drain_workflow_id
     from kama.rollout import ObservedPod, RolloutStep, plan_rollout
-    from kama.serving_pod import ServingTemplate, serving_pod_manifest
+    from kama.serving_pod import ServingTemplate
     from workflows.drain import DrainInput, DrainWorkflow
 
 ROUND_INTERVAL = timedelta(seconds=1)
@@ -127,14 +127,10 @@ class RolloutWorkflow(TaskStatus):
                     PodName(namespace=ref.namespace, name=name, force=name in lost),
                 )
             for ordinal in step.create:
-                manifest = serving_pod_manifest(
-                    template=request.template,
-                    namespace=ref.namespace,
-                    deployment=ref.name,
-                    deployment_uid=ref.uid,
-                    ordinal=ordinal,
+                await call_kube(
+                    ServingPodActivities.create_pod,
+                    CreatePod(ref=ref, template=request.template, ordinal=ordinal),
                 )
-                await call_kube(ServingPodActivities.create_pod, CreatePod(manifest=manifest))
                 self._next_ordinal = max(self._next_ordinal, ordinal + 1)
             for name in step.drain:
                 await start_drain(

@@ -17,6 +17,13 @@ know about this app:
   client gets to read the answer) and the body's arrival deadline (408), both
   answered in the app's refusal shape; a handler that fails before answering is a
   500 in that shape;
+- what a client may make the gateway hold (`gateway.held`): at most
+  `max_requests_per_client` requests in progress from one address (429 past it,
+  with `connection: close`), and the bodies arriving at once, over all clients,
+  within `max_upload_bytes` (a declared length is counted before anything is read,
+  a chunked body as it arrives; 429 past it). Both are answered before the body is
+  read, which is then drained as after a 413. The client's address is the peer's:
+  behind a proxy or load balancer that does not keep it, every client shares one;
 - a client that leaves cancels its request. granian reports a disconnect through a
   per-request future that costs about as much as the rest of a proxied request, so
   it is armed only for requests still running after `WATCH_AFTER_S` (a long
@@ -51,6 +58,9 @@ DRAIN_S = 2.0
 CLOSE = ("connection", "close")
 WATCH_AFTER_S = 0.2  # a request running this long is cancelled when its client leaves
 SWEEP_S = 0.1
+DEFAULT_MAX_UPLOAD_BYTES = 256 * 1024 * 1024  # bodies arriving at once, over all clients
+DEFAULT_MAX_REQUESTS_PER_CLIENT = 256  # requests in progress from one address; 0: no cap
+RETRY_AFTER_BUSY_S = 1
 
 
 async def body_chunks(proto: Any) -> AsyncIterator[bytes]:
@@ -135,11 +145,19 @@ class PublicFront:
         app: Any,  # an ASGI app (FastAPI)
         refusal: Refusal,
         max_body: int = MAX_BODY_BYTES,
+        max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
+        max_requests_per_client: int = DEFAULT_MAX_REQUESTS_PER_CLIENT,
+        client_write_timeout_s: float = 0.0,  # applied by the server to its sockets
     ) -> None:
         self.lean = lean
         self.app = app
         self.refusal = refusal
         self.max_body = max_body
+        self.max_upload_bytes = max_upload_bytes
+        self.max_requests_per_client = max_requests_per_client
+        self.client_write_timeout_s = client_write_timeout_s
+        self.uploading = 0  # bytes of bodies being received, over all requests
+        self.per_client: dict[str, int] = {}  # requests in progress per client address
         self.replies: set[RSGIReply] = set()
         self.clock = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -176,12 +194,15 @@ class PublicFront:
             return
         reply = RSGIReply(proto, asyncio.current_task(), self.clock)
         self.replies.add(reply)
+        client = _address(scope.client)
+        busy = self.per_client.get(client, 0)
+        self.per_client[client] = busy + 1
         try:
             refused = head_refusal(http_version=scope.http_version, fields=scope.headers)
             if refused is not None:
                 self._refuse(reply, *refused, close=True)
                 return
-            body = await self._read_body(scope, proto, reply)
+            body = await self._read_body(scope, proto, reply, busy=busy)
             if body is None:
                 return
             handler = self.lean(scope.method, scope.path)
@@ -202,29 +223,53 @@ class PublicFront:
         finally:
             self.replies.discard(reply)
             reply.finish()
+            left = self.per_client[client] - 1
+            if left:
+                self.per_client[client] = left
+            else:
+                del self.per_client[client]
 
-    async def _read_body(self, scope: Scope, proto: Any, reply: RSGIReply) -> bytes | None:
-        """The whole body, or None once the request was refused (too large, too
-        slow). granian has checked that a declared length is a number, and holds the
-        body to it."""
+    async def _read_body(
+        self, scope: Scope, proto: Any, reply: RSGIReply, *, busy: int
+    ) -> bytes | None:
+        """The whole body, or None once the request was refused (its client has `busy`
+        requests in progress already, too large, too slow, no room). granian has
+        checked that a declared length is a number, and holds the body to it."""
         declared = scope.headers.get("content-length")
         reply.read_deadline = self.clock + BODY_ARRIVAL_S
+        counted = [0]  # bytes of this body counted as arriving, given back at the end
         try:
+            if self.max_requests_per_client and busy >= self.max_requests_per_client:
+                message = (
+                    f"this client already has {busy} requests in progress "
+                    f"(at most {self.max_requests_per_client}); retry later"
+                )
+                self._refuse(reply, 429, message, close=True, retry_after=RETRY_AFTER_BUSY_S)
+                await self._drain(body_chunks(proto), reply)
+                return None
             if declared is not None and int(declared) > self.max_body:
                 message = f"request body is larger than {self.max_body} bytes"
                 self._refuse(reply, 413, message)
                 await self._drain(body_chunks(proto), reply)
                 return None
             if declared is not None:
+                try:
+                    self._count_upload(counted, int(declared))
+                except BodyRefused as refused:
+                    self._refuse_upload(reply, refused)
+                    await self._drain(body_chunks(proto), reply)
+                    return None
                 body: bytes = await proto()
                 return body
             if "transfer-encoding" not in scope.headers:
                 return b""
             stream = body_chunks(proto)
             try:
-                return await read_chunked(stream, max_body=self.max_body)
+                return await read_chunked(
+                    self._counted_chunks(stream, counted), max_body=self.max_body
+                )
             except BodyRefused as refused:
-                self._refuse(reply, refused.status, refused.message, close=refused.status != 413)
+                self._refuse_upload(reply, refused)
                 if refused.drain:
                     await self._drain(stream, reply)
                 return None
@@ -239,6 +284,36 @@ class PublicFront:
             return None
         finally:
             reply.read_deadline = None
+            self.uploading -= counted[0]
+
+    def _count_upload(self, counted: list[int], size: int) -> None:
+        """Count `size` more bytes of a body as arriving; BodyRefused 429 past the
+        uploads budget."""
+        if self.uploading + size > self.max_upload_bytes:
+            raise BodyRefused(
+                429,
+                f"the gateway is already receiving {self.uploading} bytes of request bodies "
+                f"(at most {self.max_upload_bytes}); retry later",
+                drain=True,
+            )
+        self.uploading += size
+        counted[0] += size
+
+    async def _counted_chunks(
+        self, stream: AsyncIterator[bytes], counted: list[int]
+    ) -> AsyncIterator[bytes]:
+        async for chunk in stream:
+            self._count_upload(counted, len(chunk))
+            yield chunk
+
+    def _refuse_upload(self, reply: RSGIReply, refused: BodyRefused) -> None:
+        self._refuse(
+            reply,
+            refused.status,
+            refused.message,
+            close=refused.status != 413,
+            retry_after=RETRY_AFTER_BUSY_S if refused.status == 429 else None,
+        )
 
     async def _drain(self, stream: AsyncIterator[bytes], reply: RSGIReply) -> None:
         """After a refusal, read and drop what the client still sends (up to
@@ -253,6 +328,21 @@ class PublicFront:
             if drained > DRAIN_BYTES or pieces > DRAIN_PIECES:
                 break
 
-    def _refuse(self, reply: RSGIReply, status: int, message: str, *, close: bool = False) -> None:
+    def _refuse(
+        self,
+        reply: RSGIReply,
+        status: int,
+        message: str,
+        *,
+        close: bool = False,
+        retry_after: int | None = None,
+    ) -> None:
         headers, body = self.refusal(status, message)
+        if retry_after is not None:
+            headers = [*headers, ("retry-after", str(retry_after))]
         reply.send(status, [*headers, CLOSE] if close else headers, body)
+
+
+def _address(peer: str) -> str:
+    """The client's address from granian's `host:port` (`[v6]:port` for IPv6)."""
+    return peer.rpartition(":")[0] or peer

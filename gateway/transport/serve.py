@@ -16,20 +16,33 @@ What granian answers itself, before the app sees a request (an empty body, then 
 connection closes): a malformed request line, header or framing is 400; a head past
 `MAX_HEAD_BYTES` is 431 (checked as the head is read, so the exact bound depends on
 how the bytes arrive); a head not complete within `HEAD_ARRIVAL_S` closes the
-connection without an answer. HTTP/1.1 only: an h2c upgrade is answered in HTTP/1.1."""
+connection without an answer. HTTP/1.1 only: an h2c upgrade is answered in HTTP/1.1.
+
+Clients that do not read: granian takes a whole answer, or each piece of a streamed
+one, without back-pressure, and keeps it until the client reads it. So the public
+listener carries the front's `client_write_timeout_s` as TCP_USER_TIMEOUT, which
+accepted connections inherit: the kernel aborts a connection whose sent data stays
+unacknowledged that long (including a client whose receive window stays closed),
+hyper then drops the connection and the answer it held, and a stream still being
+relayed fails its next write, which closes its replica's request. A client that
+reads slowly but reads is not affected. For that the listening socket must exist
+before granian's worker starts, as granian builds it off Linux (`_Listener`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import socket
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
 import uvloop
+from granian._granian import ListenerSpec
 from granian.constants import HTTPModes, Interfaces
 from granian.http import HTTP1Settings
 from granian.log import LogLevels
@@ -58,8 +71,34 @@ class Listen:
     port: int
 
 
-def _server(target: Any, *, interface: Interfaces, at: Listen) -> Server:
-    return Server(
+class _Listener(Server):
+    """granian's embedded server, its listening socket built before the worker starts
+    so that `write_timeout_s` (TCP_USER_TIMEOUT; 0 leaves the kernel's default) is
+    set on it and inherited by every connection it accepts. On Linux granian would
+    leave the socket to its worker; this builds it the way granian does elsewhere."""
+
+    write_timeout_s: float = 0.0
+
+    def _init_shared_socket(self) -> None:
+        holder = ListenerSpec(self.bind_addr, self.bind_port, self.backlog).build()
+        fd: int = holder.get_fd()
+        self._shd: Any = holder
+        self._sfd: Any = fd
+        self._ssp = None
+        if self.write_timeout_s > 0:
+            listener = socket.socket(fileno=os.dup(fd))
+            try:
+                listener.setsockopt(
+                    socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(self.write_timeout_s * 1000)
+                )
+            finally:
+                listener.close()
+
+
+def _server(
+    target: Any, *, interface: Interfaces, at: Listen, write_timeout_s: float = 0.0
+) -> Server:
+    server = _Listener(
         target,
         address=at.host,
         port=at.port,
@@ -74,6 +113,8 @@ def _server(target: Any, *, interface: Interfaces, at: Listen) -> Server:
         log_dictconfig=GRANIAN_LOGGING,
         log_level=LogLevels.info,
     )
+    server.write_timeout_s = write_timeout_s
+    return server
 
 
 async def serve(
@@ -99,7 +140,12 @@ async def serve(
             loop.add_signal_handler(sig, on_signal)
     async with lifespan():
         servers = [
-            _server(public, interface=Interfaces.RSGI, at=listen),
+            _server(
+                public,
+                interface=Interfaces.RSGI,
+                at=listen,
+                write_timeout_s=public.client_write_timeout_s,
+            ),
             _server(ops, interface=Interfaces.ASGINL, at=ops_listen),
         ]
         running = [asyncio.create_task(server.serve()) for server in servers]

@@ -9,7 +9,14 @@ llama-server's own 5 s), the response parsed by httptools, the body handed over
 chunk by chunk as it arrives (reading pauses while a slow client lets chunks pile
 up), and closing a response before its end closes the connection, which is how a
 replica learns that the client went away. It stays an `httpx.AsyncBaseTransport`,
-so the gateway keeps using `AsyncClient.send(stream=True)` and httpx's errors."""
+so the gateway keeps using `AsyncClient.send(stream=True)` and httpx's errors.
+
+A response head is bounded whatever the replica does: it must arrive whole within
+the read timeout (a total deadline, so a head dripped a byte at a time cannot extend
+it) and within `MAX_HEAD_BYTES`; past either the connection is closed and the
+request fails with `ResponseHeadTimeout` or `ResponseHeadTooLarge` (httpx errors, so
+callers see a failed replica). Bodies are bounded by their readers (the proxy's
+document limit, `gateway.transport.bounded` for polls)."""
 
 from __future__ import annotations
 
@@ -27,14 +34,27 @@ DEFAULT_MAX_IDLE_PER_ORIGIN = 512
 PAUSE_READING_BYTES = 1 << 20  # a slow client: stop reading from the replica above this
 RESUME_READING_BYTES = 1 << 16
 STALE_RACE_S = 0.05  # a reused connection lost this soon after the write is retried once
+MAX_HEAD_BYTES = 64 * 1024  # a response head (status line and fields) larger than this fails
 
 HOP_BY_HOP_REQUEST = frozenset({b"host", b"content-length", b"transfer-encoding", b"connection"})
 
 Origin = tuple[str, int]
 
 
+class ResponseHeadTimeout(httpx.ReadTimeout):
+    """The replica's response head did not arrive whole within the deadline."""
+
+
+class ResponseHeadTooLarge(httpx.RemoteProtocolError):
+    """The replica's response head was larger than `MAX_HEAD_BYTES`."""
+
+
 async def _exchange(
-    connection: UpstreamConnection, data: bytes, *, no_body: bool, read_timeout: float | None
+    connection: UpstreamConnection,
+    data: tuple[bytes, bytes],
+    *,
+    no_body: bool,
+    read_timeout: float | None,
 ) -> None:
     """Send a request and wait for the response head; on any failure, cancellation
     included, the connection is closed (the replica must not keep working for a
@@ -50,8 +70,14 @@ async def _exchange(
 class UpstreamConnection(asyncio.Protocol):
     """One TCP connection to a replica, carrying one request at a time."""
 
-    def __init__(self, *, on_lost: Callable[[UpstreamConnection], None]) -> None:
+    def __init__(
+        self,
+        *,
+        on_lost: Callable[[UpstreamConnection], None],
+        max_head_bytes: int = MAX_HEAD_BYTES,
+    ) -> None:
         self._on_lost = on_lost
+        self.max_head_bytes = max_head_bytes
         self._loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.closed = False
@@ -70,6 +96,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.error: httpx.TransportError | None = None
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
+        self._head_bytes = 0
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
         self._head_done = False
@@ -90,6 +117,15 @@ class UpstreamConnection(asyncio.Protocol):
             self._fail(httpx.RemoteProtocolError("replica tried to upgrade the connection"))
         except httptools.HttpParserError as exc:
             self._fail(httpx.RemoteProtocolError(f"invalid HTTP response from replica: {exc}"))
+            return
+        if not self._head_done:  # a head completed in this data is whole, whatever follows
+            self._head_bytes += len(data)
+            if self._head_bytes > self.max_head_bytes:
+                self._fail(
+                    ResponseHeadTooLarge(
+                        f"replica's response head is over {self.max_head_bytes} bytes"
+                    )
+                )
 
     def eof_received(self) -> bool | None:
         return None  # close the transport; connection_lost follows
@@ -165,7 +201,9 @@ class UpstreamConnection(asyncio.Protocol):
         self._timed_out = True
         self._wake()
 
-    def send_request(self, data: bytes, *, no_body: bool = False) -> None:
+    def send_request(self, data: tuple[bytes, bytes], *, no_body: bool = False) -> None:
+        """Write a request: its head, then its body (not joined: a body of megabytes
+        is not copied once more)."""
         if self._paused and self.transport is not None:
             self.transport.resume_reading()
         if no_body or self._no_body:  # a HEAD answer's head leaves the parser awaiting a body
@@ -174,13 +212,28 @@ class UpstreamConnection(asyncio.Protocol):
         self.sent_at = self._loop.time()
         self._no_body = no_body  # a HEAD answer: the parser cannot know it has no body
         assert self.transport is not None
-        self.transport.write(data)
+        head, body = data
+        self.transport.write(head)
+        if body:
+            self.transport.write(body)
 
     async def read_head(self, *, timeout: float | None) -> None:
+        """Until the response head is in: whole within `timeout` (a total deadline,
+        not one per piece), else ResponseHeadTimeout."""
+        deadline = None if timeout is None else self._loop.time() + timeout
         while not self._head_done:
             if self.error is not None:
                 raise self.error
-            await self._wait(timeout=timeout)
+            remaining = None if deadline is None else deadline - self._loop.time()
+            if remaining is not None and remaining <= 0:
+                self.close()
+                raise ResponseHeadTimeout(f"replica's response head not in within {timeout:g}s")
+            try:
+                await self._wait(timeout=remaining)
+            except httpx.ReadTimeout:
+                raise ResponseHeadTimeout(
+                    f"replica's response head not in within {timeout:g}s"
+                ) from None
 
     async def read_chunk(self, *, timeout: float | None) -> bytes | None:
         """The next piece of the body, or None at its end."""
@@ -405,10 +458,10 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
 
 def encode_request(
     *, method: str, target: str, host: str, headers: Sequence[tuple[bytes, bytes]], body: bytes
-) -> bytes:
-    """An HTTP/1.1 request with its body (the length is always declared)."""
+) -> tuple[bytes, bytes]:
+    """An HTTP/1.1 request's head and body (the length is always declared)."""
     lines = [f"{method} {target} HTTP/1.1\r\nhost: {host}".encode("ascii")]
     lines += [name + b": " + value for name, value in headers if name.lower() != b"content-length"]
     if body or method not in ("GET", "HEAD"):
         lines.append(b"content-length: " + str(len(body)).encode("ascii"))
-    return b"\r\n".join(lines) + b"\r\n\r\n" + body
+    return b"\r\n".join(lines) + b"\r\n\r\n", body

@@ -6,6 +6,15 @@ to read specs and write statuses. This package re-exports the types; the generat
 itself lives in ``kama.api.crd`` and is not imported here.
 """
 
+from kama.api.access_key import (
+    MODELACCESSKEY_KIND,
+    MODELACCESSKEY_PLURAL,
+    MODELACCESSKEY_SHORT_NAME,
+    MODELACCESSKEY_SINGULAR,
+    ModelAccessKey,
+    ModelAccessKeySpec,
+    key_sha256,
+)
 from kama.api.artifact import (
     MODELARTIFACT_KIND,
     MODELARTIFACT_PLURAL,
@@ -57,6 +66,10 @@ __all__ = [
     "API_VERSION",
     "FINALIZER",
     "GROUP",
+    "MODELACCESSKEY_KIND",
+    "MODELACCESSKEY_PLURAL",
+    "MODELACCESSKEY_SHORT_NAME",
+    "MODELACCESSKEY_SINGULAR",
     "MODELARTIFACT_KIND",
     "MODELARTIFACT_PLURAL",
     "MODELARTIFACT_SHORT_NAME",
@@ -81,6 +94,8 @@ __all__ = [
     "HuggingFaceSource",
     "ImportProgress",
     "LocalObjectReference",
+    "ModelAccessKey",
+    "ModelAccessKeySpec",
     "ModelArtifact",
     "ModelArtifactSpec",
     "ModelArtifactStatus",
@@ -93,5 +108,6 @@ __all__ = [
     "RetentionPolicy",
     "SecretKeySelector",
     "ServingLocation",
+    "key_sha256",
     "short_digest_of",
 ]

@@ -26,6 +26,13 @@ from typing import Any, Final
 import yaml
 from pydantic import BaseModel
 
+from kama.api.access_key import (
+    MODELACCESSKEY_KIND,
+    MODELACCESSKEY_PLURAL,
+    MODELACCESSKEY_SHORT_NAME,
+    MODELACCESSKEY_SINGULAR,
+    ModelAccessKey,
+)
 from kama.api.artifact import (
     MODELARTIFACT_KIND,
     MODELARTIFACT_PLURAL,
@@ -337,10 +344,12 @@ def crd_manifest(
     group: str = GROUP,
     version: str = VERSION,
     scale: bool = False,
+    status: bool = True,
 ) -> dict[str, Any]:
     """A namespaced, single-version CustomResourceDefinition with the status subresource
-    (and `/scale` over spec.replicas / status.replicas / status.selector when asked)."""
-    subresources: dict[str, Any] = {"status": {}}
+    (unless the resource has no status) and `/scale` over spec.replicas /
+    status.replicas / status.selector when asked."""
+    subresources: dict[str, Any] = {"status": {}} if status else {}
     if scale:
         subresources["scale"] = {
             "specReplicasPath": ".spec.replicas",
@@ -370,7 +379,7 @@ def crd_manifest(
                     "name": version,
                     "served": True,
                     "storage": True,
-                    "subresources": subresources,
+                    **({"subresources": subresources} if subresources else {}),
                     "additionalPrinterColumns": [c.to_manifest() for c in printer_columns],
                     "schema": {
                         "openAPIV3Schema": openapi_schema(model, spec_validations=spec_validations)
@@ -490,6 +499,35 @@ def all_crds() -> list[dict[str, Any]]:
                 ),
                 _AGE_COLUMN,
                 _WORKFLOW_COLUMN,
+            ],
+        ),
+        crd_manifest(
+            ModelAccessKey,
+            kind=MODELACCESSKEY_KIND,
+            plural=MODELACCESSKEY_PLURAL,
+            singular=MODELACCESSKEY_SINGULAR,
+            short_names=[MODELACCESSKEY_SHORT_NAME],
+            status=False,  # read by the gateway only; nothing reports back
+            printer_columns=[
+                PrinterColumn(
+                    name="Disabled",
+                    type="boolean",
+                    json_path=".spec.disabled",
+                    description="The key is refused.",
+                ),
+                PrinterColumn(
+                    name="RPM",
+                    type="integer",
+                    json_path=".spec.requestsPerMinute",
+                    description="Requests per minute allowed (per gateway replica).",
+                ),
+                PrinterColumn(
+                    name="TPM",
+                    type="integer",
+                    json_path=".spec.tokensPerMinute",
+                    description="Tokens per minute allowed (per gateway replica).",
+                ),
+                _AGE_COLUMN,
             ],
         ),
     ]

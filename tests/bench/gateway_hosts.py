@@ -68,7 +68,9 @@ class ASGIHotPath:
     """The inference handler as an ASGI app (inference routes only)."""
 
     def __init__(self, holder: GatewayHolder) -> None:
-        self.lean = InferenceRoutes(proxy=lambda: holder.state.proxy)
+        self.lean = InferenceRoutes(
+            proxy=lambda: holder.state.proxy, access=lambda: holder.state.access
+        )
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":

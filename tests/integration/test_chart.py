@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import hashlib
 import itertools
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import threading
@@ -346,18 +348,33 @@ def can_i(
 
 
 def chat_through_gateway(stack: LocalStack, namespace: str, content: str) -> None:
-    """A chat request for `chat` through the chart's gateway pod is answered."""
+    """A chat request for `chat` through the chart's gateway pod is answered, with an
+    API key a ModelAccessKey of the namespace holds the hash of (the chart's default
+    `gateway.auth.mode: apikey`)."""
     gateway_ip = pod_of(stack, namespace, "gateway")["status"]["podIP"]
-    reply = httpx.post(
-        f"http://{gateway_ip}:8000/v1/chat/completions",
-        json={
-            "model": f"{namespace}/chat",
-            "messages": [{"role": "user", "content": content}],
-            "max_tokens": 8,
-            "temperature": 0,
-        },
-        timeout=180,
-    )
+    key = f"kama_{secrets.token_urlsafe(32)}"
+    apply(stack, {
+        "apiVersion": "kama.dev/v1alpha1",
+        "kind": "ModelAccessKey",
+        "metadata": {"name": f"chat-{secrets.token_hex(3)}", "namespace": namespace},
+        "spec": {"keySHA256": hashlib.sha256(key.encode()).hexdigest()},
+    })  # fmt: skip
+
+    def post() -> httpx.Response | None:
+        reply = httpx.post(
+            f"http://{gateway_ip}:8000/v1/chat/completions",
+            json={
+                "model": f"{namespace}/chat",
+                "messages": [{"role": "user", "content": content}],
+                "max_tokens": 8,
+                "temperature": 0,
+            },
+            headers={"authorization": f"Bearer {key}"},
+            timeout=180,
+        )
+        return None if reply.status_code == 401 else reply  # the key's watch event is due
+
+    reply = eventually(post, timeout=30, what="the gateway to know the new key", interval=0.5)
     assert reply.status_code == 200, reply.text
     assert reply.json()["choices"][0]["message"]["content"] is not None
 

@@ -119,7 +119,7 @@ def limited_kubeconfig(control: KamaControl, namespace: str, path: Path) -> Path
             "subjects": [{"kind": "ServiceAccount", "name": WORKER_SA, "namespace": namespace}],
         },
     )
-    grant(control, namespace, pod_verbs=["delete", "list", "patch"])  # no `create`
+    grant(control, namespace, pod_verbs=["delete", "get", "list", "patch"])  # no `create`
     token = kubectl(
         control.stack, "create", "token", WORKER_SA, "-n", namespace, "--duration=1h"
     ).stdout.strip()
@@ -284,7 +284,7 @@ def refused_then_retried(control: KamaControl, namespace: str) -> None:
     assert not serving_pods(control, namespace, "denied")
 
     # the permission granted and `retry` signalled: the pod is created
-    grant(control, namespace, pod_verbs=["create", "delete", "list", "patch"])
+    grant(control, namespace, pod_verbs=["create", "delete", "get", "list", "patch"])
     signal_retry(control, entity)
     eventually(
         lambda: serving_pods(control, namespace, "denied") or None,

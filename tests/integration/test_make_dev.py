@@ -54,7 +54,8 @@ def test_make_dev_serves_the_printed_chat_request_and_tears_down() -> None:
         gateway = re.search(r"OpenAI base URL (http://\S+/v1)\)", text)
         kubeconfig = re.search(r"export KUBECONFIG=(\S+)", text)
         kubectl = re.search(r"kubectl:\s+(\S+)", text)
-        assert gateway and kubeconfig and kubectl, text
+        api_key = re.search(r"API key:\s+(\S+)", text)
+        assert gateway and kubeconfig and kubectl and api_key, text
 
         # Kama's processes are the chart's pods, under their own ServiceAccounts
         pods = json.loads(
@@ -71,7 +72,7 @@ def test_make_dev_serves_the_printed_chat_request_and_tears_down() -> None:
         for component in ("worker", "watcher", "gateway"):
             assert accounts[component]["spec"]["serviceAccountName"] == f"kama-{component}"
 
-        api = openai.OpenAI(base_url=gateway[1], api_key="unused", timeout=180)
+        api = openai.OpenAI(base_url=gateway[1], api_key=api_key[1], timeout=180)
         reply = api.chat.completions.create(
             model=DEMO_MODEL,
             messages=[{"role": "user", "content": "Hello"}],

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 
 from gateway.app import GatewayState
+from gateway.auth import AccessControl
 from gateway.held import DEFAULT_MAX_HELD_BYTES
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import Proxy
@@ -114,10 +115,12 @@ def fixed_state(
     replica_port: int,
     slots: int = 64,
     max_held_bytes: int = DEFAULT_MAX_HELD_BYTES,
+    auth: str = "disabled",
 ) -> GatewayState:
     """A gateway state whose model `<ns>/<name>` has one ready replica per address,
     all listening on `replica_port`; with no address, the model is at zero and its
-    requests are held by a wake queue whose Temporal only records."""
+    requests are held by a wake queue whose Temporal only records. Authentication is
+    off unless `auth="apikey"` (then keys are applied to `state.access`)."""
     namespace, name = model.split("/")
     metrics = GatewayMetrics()
     registry = ModelRegistry(metrics=metrics)
@@ -146,4 +149,10 @@ def fixed_state(
         replica_port=replica_port,
         max_held_bytes=max_held_bytes,
     )
-    return GatewayState(registry=registry, proxy=proxy, metrics=metrics, health=WatchHealth())
+    return GatewayState(
+        registry=registry,
+        proxy=proxy,
+        metrics=metrics,
+        health=WatchHealth(),
+        access=AccessControl(metrics=metrics, mode=auth),
+    )

@@ -5,6 +5,7 @@ RBAC in both modes, Temporal settings in every process and the evaluation mode."
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 import yaml
 
 from kama.config import Settings
+from kama.serving_pod import MANAGED_BY_LABEL, ROLE_LABEL, SERVER_ROLE
 from kamadev.binaries import REPO_ROOT, ensure_helm
 from tests.unit.test_importer_pod_options import created_importer_pod
 
@@ -205,6 +207,8 @@ def test_rbac_is_least_privilege_in_both_modes(helm: tuple[Path, dict[str, str]]
         assert verbs_on(rules["watcher"], "modelartifacts") == {"list", "watch", "patch"}
         assert verbs_on(rules["gateway"], "pods") == {"list", "watch"}
         assert verbs_on(rules["gateway"], "modeldeployments") == {"list", "watch"}
+        # API keys as hashes (ModelAccessKeys), never Secrets (checked above)
+        assert verbs_on(rules["gateway"], "modelaccesskeys") == {"list", "watch"}
         assert not verbs_on(rules["gateway"], "modelartifacts")
     assert {scope for c in cluster.values() for scope, _ in c} == {"cluster"}
     # namespaced: Roles in the served namespace; cluster-wide only the worker's reads of
@@ -271,7 +275,7 @@ def test_evaluation_mode_runs_a_dev_server_with_kamas_search_attributes(
 
 def test_optional_monitors_and_network_policies(helm: tuple[Path, dict[str, str]]) -> None:
     plain = render(helm, *EVAL)
-    assert not of_kind(plain, "NetworkPolicy") and not of_kind(plain, "ServiceMonitor")
+    assert not of_kind(plain, "ServiceMonitor")
     docs = render(
         helm, *EVAL, "--set", "watchNamespaces={team-a}", "--set", "networkPolicy.enabled=true",
         "--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.podMonitor.enabled=true",
@@ -400,3 +404,182 @@ def test_keda_mode_serves_the_scaler_and_lets_the_worker_write_scaled_objects(
     assert not verbs_on(rules_by_component(docs)["worker"], "scaledobjects")
     gateway = named(docs, "Deployment", "kama-gateway")["spec"]["template"]["spec"]
     assert not any("keda" in arg for arg in gateway["containers"][0]["args"])
+
+
+# --- defence in depth: the worker's pods, and who reaches what ------------------------
+
+WORKER_USER = "system:serviceaccount:kama-system:kama-worker"
+
+
+def admission_policy(docs: list[Doc]) -> tuple[Doc, Doc]:
+    """The worker-pods ValidatingAdmissionPolicy and its binding."""
+    [policy] = of_kind(docs, "ValidatingAdmissionPolicy")
+    [binding] = of_kind(docs, "ValidatingAdmissionPolicyBinding")
+    return policy, binding
+
+
+def rule_for(policy: Doc, words: str) -> Doc:
+    """The validation whose message contains `words`."""
+    found: list[Doc] = [v for v in policy["spec"]["validations"] if words in v["message"]]
+    assert len(found) == 1, (words, found)
+    return found[0]
+
+
+def test_admission_policy_fences_the_workers_pods(helm: tuple[Path, dict[str, str]]) -> None:
+    """On by default: it matches only requests of the worker's ServiceAccount on pods,
+    denies, allows exactly the images the worker is configured with, and names each rule
+    in its message."""
+    digest = "sha256:" + "cd" * 32
+    docs = render(helm, *EVAL, "--set", f"images.llamaServer.digest={digest}")
+    policy, binding = admission_policy(docs)
+    assert policy["metadata"]["name"] == "kama-kama-system-worker-pods"
+    assert binding["spec"] == {"policyName": "kama-kama-system-worker-pods",
+                               "validationActions": ["Deny"]}  # fmt: skip
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    [rule] = spec["matchConstraints"]["resourceRules"]
+    assert set(rule["operations"]) == {"CREATE", "UPDATE"}
+    assert set(rule["resources"]) == {"pods", "pods/ephemeralcontainers"}
+    [condition] = spec["matchConditions"]
+    assert condition["expression"] == f"request.userInfo.username == '{WORKER_USER}'"
+    # the images the worker puts into importer and serving pods, and no other
+    worker = named(docs, "Deployment", "kama-worker")["spec"]["template"]["spec"]["containers"][0]
+    env = env_of(worker)
+    images = next(v for v in spec["variables"] if v["name"] == "images")["expression"]
+    assert json.loads(images) == [env["KAMA_IMPORTER_IMAGE"], env["KAMA_RUNTIME_IMAGE"]]
+    assert env["KAMA_RUNTIME_IMAGE"] == f"ghcr.io/kama-dev/kama-llama-server@{digest}"
+    messages = [v["message"] for v in spec["validations"]]
+    assert all(m.startswith("Kama worker pods ") for m in messages), messages
+    for words, fields in [
+        ("hostPath", ["hostPath"]),
+        ("network, PID or IPC", ["hostNetwork", "hostPID", "hostIPC"]),
+        ("privileged", ["privileged"]),
+        ("capabilities", ["capabilities.add"]),
+        ("carry a service-account token", ["automountServiceAccountToken"]),
+        ("entrypoint", ["command"]),
+        ("host ports", ["hostPort"]),
+    ]:
+        expression = rule_for(policy, words)["expression"]
+        assert all(f in expression for f in fields), (words, expression)
+    # every container rule covers init and ephemeral containers too
+    for words in ("images", "privileged", "capabilities", "host ports", "entrypoint"):
+        expression = rule_for(policy, words)["expression"]
+        for field in ("object.spec.containers", "initContainers", "ephemeralContainers"):
+            assert field in expression, (words, field)
+    # the labels every pod the worker creates carries
+    labels = rule_for(policy, "labels")["expression"]
+    for text in (MANAGED_BY_LABEL, "'kama'", ROLE_LABEL, f"'{SERVER_ROLE}'", "'importer'"):
+        assert text in labels, (text, labels)
+    # cluster-wide: no namespace rule
+    assert not [m for m in messages if "watched namespaces" in m]
+    assert not of_kind(
+        render(helm, *EVAL, "--set", "admissionPolicy.enabled=false"), "ValidatingAdmissionPolicy"
+    )
+
+
+def test_admission_policy_keeps_the_worker_in_its_namespaces_and_images(
+    helm: tuple[Path, dict[str, str]],
+) -> None:
+    docs = render(
+        helm, *EVAL, "--namespace", "kama-ops", "--set", "watchNamespaces={team-a}",
+        "--set", "admissionPolicy.extraImages={registry.example/kama-llama-server:0.0.9}",
+    )  # fmt: skip
+    policy, _ = admission_policy(docs)
+    assert policy["metadata"]["name"] == "kama-kama-ops-worker-pods"
+    [condition] = policy["spec"]["matchConditions"]
+    assert "'system:serviceaccount:kama-ops:kama-worker'" in condition["expression"]
+    namespaces = rule_for(policy, "watched namespaces")
+    assert namespaces["expression"] == 'request.namespace in ["team-a"]'
+    assert "team-a" in namespaces["message"]
+    images = next(v for v in policy["spec"]["variables"] if v["name"] == "images")
+    assert json.loads(images["expression"]) == [
+        "ghcr.io/kama-dev/kama:0.1.0",
+        "ghcr.io/kama-dev/kama-llama-server:0.1.0",
+        "registry.example/kama-llama-server:0.0.9",
+    ]
+    assert "registry.example/kama-llama-server:0.0.9" in rule_for(policy, "images")["message"]
+
+
+def peers_on(policy: Doc, port: str) -> list[Doc] | None:
+    """The `from` peers of the ingress rule for `port`; None if no rule opens it."""
+    for rule in policy["spec"]["ingress"]:
+        if {"port": port} in rule.get("ports", []):
+            return list(rule.get("from", []))
+    return None
+
+
+def test_network_policies_are_on_by_default(helm: tuple[Path, dict[str, str]]) -> None:
+    """Temporal's frontend only from the release's worker, watcher and gateway and (for
+    now) importer pods; its Web UI from no pod; serving pods of every watched namespace
+    only from the gateway and the worker."""
+    docs = render(helm, *EVAL)
+    policies = {
+        (d["metadata"]["namespace"], d["metadata"]["name"]): d
+        for d in of_kind(docs, "NetworkPolicy")
+    }
+    assert set(policies) == {
+        ("kama-system", f"kama-{c}") for c in ("gateway", "watcher", "worker", "temporal")
+    }
+    temporal = policies[("kama-system", "kama-temporal")]
+    assert peers_on(temporal, "ui") is None
+    components, importers = peers_on(temporal, "grpc") or []
+    assert "namespaceSelector" not in components  # the release namespace only
+    assert components["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == "kama"
+    assert components["podSelector"]["matchExpressions"] == [
+        {"key": "app.kubernetes.io/component", "operator": "In",
+         "values": ["gateway", "watcher", "worker"]}
+    ]  # fmt: skip
+    assert importers["podSelector"]["matchLabels"][ROLE_LABEL] == "importer"
+    assert importers["namespaceSelector"] == {}  # cluster-wide: any namespace's importers
+
+    # namespaced: importers of the watched namespace only; its serving pods fenced
+    docs = render(helm, *EVAL, "--set", "watchNamespaces={team-a}")
+    temporal = named(docs, "NetworkPolicy", "kama-temporal")
+    _, importers = peers_on(temporal, "grpc") or []
+    assert importers["namespaceSelector"]["matchExpressions"] == [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a"]}
+    ]
+    [serving] = [
+        d for d in of_kind(docs, "NetworkPolicy") if d["metadata"]["namespace"] == "team-a"
+    ]
+    assert serving["spec"]["podSelector"] == {"matchLabels": {ROLE_LABEL: SERVER_ROLE}}
+    [rule] = serving["spec"]["ingress"]
+    assert "ports" not in rule  # llama-server and the supervisor
+    [peer] = rule["from"]
+    assert peer["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": "kama-system"}
+    }
+    assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == "kama"
+    assert peer["podSelector"]["matchExpressions"][0]["values"] == ["gateway", "worker"]
+
+
+def test_network_policy_values(helm: tuple[Path, dict[str, str]]) -> None:
+    """servingNamespaces fences serving pods in the cluster-wide mode (once per
+    namespace), importers can be kept off Temporal, the UI opened to named peers, and
+    the whole thing turned off."""
+    docs = render(
+        helm, *EVAL, "--set", "watchNamespaces={team-a}",
+        "--set", "networkPolicy.servingNamespaces={team-a,team-b}",
+        "--set", "networkPolicy.importersReachTemporal=false",
+        "--set", "networkPolicy.temporalUIFrom[0].podSelector.matchLabels.role=ops",
+    )  # fmt: skip
+    serving = sorted(
+        d["metadata"]["namespace"]
+        for d in of_kind(docs, "NetworkPolicy")
+        if d["metadata"]["name"] == "kama-serving-pods"
+    )
+    assert serving == ["team-a", "team-b"]
+    temporal = named(docs, "NetworkPolicy", "kama-temporal")
+    assert len(peers_on(temporal, "grpc") or []) == 1
+    assert peers_on(temporal, "ui") == [{"podSelector": {"matchLabels": {"role": "ops"}}}]
+    wide = render(helm, *EVAL, "--set", "networkPolicy.servingNamespaces={team-c}")
+    assert [
+        d["metadata"]["namespace"]
+        for d in of_kind(wide, "NetworkPolicy")
+        if d["metadata"]["name"] == "kama-serving-pods"
+    ] == ["team-c"]
+    assert not of_kind(render(helm, *EVAL, "--set", "networkPolicy.enabled=false"), "NetworkPolicy")
+    assert "pattern" in refused(helm, *EVAL, "--set", "networkPolicy.servingNamespaces={Team_A}")
+    assert "importersReachTemporal" in refused(
+        helm, *EVAL, "--set", "networkPolicy.importersReachTemporal=maybe"
+    )

@@ -59,6 +59,7 @@ def test_checked_in_yaml_matches_the_models() -> None:
     crds = all_crds()
     expected = {crd_file_name(c): render_yaml(c) for c in crds}
     assert set(expected) == {
+        "kama.dev_modelaccesskeys.yaml",
         "kama.dev_modelartifacts.yaml",
         "kama.dev_modelcaches.yaml",
         "kama.dev_modeldeployments.yaml",
@@ -83,6 +84,7 @@ def test_cli_writes_and_checks(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert main([str(tmp_path), "--check"]) == 1
     assert main([str(tmp_path)]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "kama.dev_modelaccesskeys.yaml",
         "kama.dev_modelartifacts.yaml",
         "kama.dev_modelcaches.yaml",
         "kama.dev_modeldeployments.yaml",

@@ -29,6 +29,7 @@ from tests.unit.gateway_support import deployment, fixed_state, pod
 pytestmark = pytest.mark.timeout(30)
 
 MODEL = "ns/chat"
+JSON = {"content-type": "application/json"}
 WAIT_S = 5.0
 
 
@@ -173,6 +174,7 @@ async def running_gateway(
     replica_ips: tuple[str, ...] = ("127.0.0.1",),
     slots: int = 4,
     max_held_bytes: int = DEFAULT_MAX_HELD_BYTES,
+    auth: str = "disabled",
 ) -> AsyncIterator[Gateway]:
     replica = Replica(port=free_port())
     listener = await asyncio.start_server(replica.handle, "127.0.0.1", replica.port)
@@ -183,6 +185,7 @@ async def running_gateway(
         replica_port=replica.port,
         slots=slots,
         max_held_bytes=max_held_bytes,
+        auth=auth,
     )
     public, ops = build_apps(holder)
     port, ops_port, stop = free_port(), free_port(), asyncio.Event()
@@ -208,7 +211,7 @@ async def running_gateway(
     async with httpx.AsyncClient() as http:
         for _ in range(100):
             try:
-                if (await http.get(f"{gateway.url}/v1/models")).status_code == 200:
+                if (await http.get(f"{gateway.url}/v1/models")).status_code in (200, 401):
                     break
             except httpx.HTTPError:
                 await asyncio.sleep(0.05)
@@ -338,7 +341,16 @@ async def test_refusals_use_the_openai_shape_and_never_reach_a_replica() -> None
         checks = [
             (await http.post(f"{gw.url}/v1/completions", content=big), 413, "body_too_large"),
             (await http.post(f"{gw.url}/v1/completions", content=chunked()), 413, "body_too_large"),
-            (await http.post(f"{gw.url}/v1/completions", content=b"{no"), 400, "invalid_json"),
+            (
+                await http.post(f"{gw.url}/v1/completions", content=b"{no", headers=JSON),
+                400,
+                "invalid_json",
+            ),
+            (
+                await http.post(f"{gw.url}/v1/completions", content=b"{}"),
+                415,
+                "unsupported_media_type",
+            ),
             (await http.post(f"{gw.url}/v1/completions", json=[1]), 400, "invalid_json"),
             (
                 await http.post(f"{gw.url}/v1/completions", json={"model": "ns/nope"}),

@@ -220,7 +220,10 @@ async def test_transfer_codings_other_than_chunked_are_refused() -> None:
             head = b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n" + coding + b"\r\n"
             answer = await raw(gw.url, head + chunk(body) + b"0\r\n\r\n", wait_s=2)
             assert status_of(answer) in allowed, (coding, answer[:300])
-        mixed_case = b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: Chunked\r\n"
+        mixed_case = (
+            b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"transfer-encoding: Chunked\r\n"
+        )
         answer = await raw(gw.url, mixed_case + b"\r\n" + chunk(body) + b"0\r\n\r\n", wait_s=1)
         assert status_of(answer) == 200, "coding names are case-insensitive (RFC 9112 §7)"
         assert gw.replica.requests == [completion()]

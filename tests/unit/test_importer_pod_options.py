@@ -8,45 +8,29 @@ import json
 from typing import Any
 
 import pytest
-from kubernetes import client as k8s
 
-from activities.kube import ImporterPod, ImporterSettings, KubeActivities
+from activities.kube import ImporterSettings
 from kama.config import Settings
-from kama.contracts import ObjectRef, importer_task_queue
-from kama.importer_pod import CA_MOUNT, ImporterPodOptions
+from kama.contracts import ObjectRef
+from kama.importer_pod import CA_MOUNT, DEFAULT_RESOURCES, ImporterMounts, ImporterPodOptions
 from kama.temporal_setup import ImporterTemporal
 
 PLAIN_TEMPORAL = ImporterTemporal(address="temporal:7233", namespace="default")
+CACHE_ONLY = ImporterMounts(cache_claim="cache")
 
 
 def created_importer_pod(
     options: ImporterPodOptions,
     *,
     connection: ImporterTemporal = PLAIN_TEMPORAL,
+    mounts: ImporterMounts = CACHE_ONLY,
 ) -> dict[str, Any]:
-    """The pod body `ensure_importer_pod` sends the API server (captured, not sent)."""
-    api = KubeActivities(
-        api=k8s.ApiClient(),
-        importer=ImporterSettings(image="kama:dev", temporal=connection, options=options),
-    )
-    created: list[dict[str, Any]] = []
-
-    class FakeCore:
-        def create_namespaced_pod(self, namespace: str, pod: dict[str, Any]) -> None:
-            created.append(pod)
-
-    api.core = FakeCore()
+    """The pod body the worker sends the API server for one import."""
+    settings = ImporterSettings(image="kama:dev", temporal=connection, options=options)
     ref = ObjectRef(namespace="team-a", name="llama", uid="u-1", cluster=connection.cluster)
-    api.ensure_importer_pod(
-        ImporterPod(
-            ref=ref,
-            operation_id="op-1",
-            task_queue=importer_task_queue(ref, operation="op-1"),
-            cache_claim="cache",
-        )
+    return settings.pod_manifest(
+        name="llama-import-1", owner=ref, operation_id="op-1", mounts=mounts
     )
-    [pod] = created
-    return pod
 
 
 def env_of(container: dict[str, Any]) -> dict[str, Any]:
@@ -92,12 +76,40 @@ def test_resources_proxy_env_and_ca_bundle_reach_the_importer_pod() -> None:
     assert mount == {"name": volume["name"], "mountPath": CA_MOUNT, "readOnly": True}
 
 
-def test_without_options_the_importer_pod_is_as_before() -> None:
+def test_without_options_the_importer_pod_requests_default_resources() -> None:
     pod = created_importer_pod(ImporterPodOptions())
     [container] = pod["spec"]["containers"]
-    assert "resources" not in container
+    assert container["resources"] == DEFAULT_RESOURCES
+    assert container["resources"]["requests"]["memory"] and container["resources"]["limits"]
     assert "SSL_CERT_FILE" not in env_of(container)
     assert [v["name"] for v in pod["spec"]["volumes"]] == ["cache"]
+
+
+def test_the_importer_pod_meets_the_restricted_pod_security_level() -> None:
+    """What `pod-security.kubernetes.io/enforce: restricted` admits (runAsNonRoot,
+    seccomp RuntimeDefault or Localhost, no privilege escalation, ALL capabilities
+    dropped, only restricted volume types) and no service-account token."""
+    pod = created_importer_pod(
+        ImporterPodOptions(),
+        mounts=ImporterMounts(
+            cache_claim="cache", source_claim="src", token_secret="hf", token_key="token"
+        ),
+    )
+    spec = pod["spec"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert spec["automountServiceAccountToken"] is False
+    [container] = spec["containers"]
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert not any(k in spec for k in ("hostNetwork", "hostPID", "hostIPC"))
+    kinds = {next(k for k in volume if k != "name") for volume in spec["volumes"]}
+    assert kinds == {"persistentVolumeClaim", "secret"}
+    [source] = [v for v in spec["volumes"] if v["name"] == "source"]
+    assert source["persistentVolumeClaim"] == {"claimName": "src", "readOnly": True}
+    [token] = [v for v in spec["volumes"] if v["name"] == "hf-token"]
+    assert token["secret"]["secretName"] == "hf"
+    assert token["secret"]["items"] == [{"key": "token", "path": "token"}]
 
 
 @pytest.mark.parametrize(

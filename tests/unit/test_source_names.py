@@ -86,7 +86,7 @@ def _resolve_hub(hub: HubFixture, tmp_path: Path, names: list[str], files: list[
     blob.write_bytes(b"GGUF" + b"\0" * 60)
     hub.add_repo("acme/odd", dict.fromkeys(names, blob))
     activities = HuggingFaceActivities(http=None, endpoint=hub.url)  # type: ignore[arg-type]
-    source = HuggingFaceSource(repo="acme/odd", revision="main", files=files, endpoint=hub.url)
+    source = HuggingFaceSource(repo="acme/odd", revision="main", files=files)
     ActivityEnvironment().run(activities.resolve_source, source)
 
 

@@ -69,10 +69,20 @@ from activities.serving_pods import (
     ScaleRequest,
 )
 from kama.api.deployment import ModelDeploymentSpec
-from kama.contracts import PODS_CHANGED, SPEC_CHANGED, EntitySnapshot, ObjectRef
+from kama.contracts import (
+    PODS_CHANGED,
+    SPEC_CHANGED,
+    EntitySnapshot,
+    ObjectRef,
+    importer_task_queue,
+)
 from kama.rollout import ObservedPod
 from kama.scaled_object import scaled_object
-from kama.serving_pod import DEPLOYMENT_LABEL, FINGERPRINT_LABEL, ORDINAL_ANNOTATION
+from kama.serving_pod import (
+    DEPLOYMENT_LABEL,
+    FINGERPRINT_LABEL,
+    ORDINAL_ANNOTATION,
+)
 
 NAMESPACE = "models"
 
@@ -346,13 +356,14 @@ class FakeCluster:
         """The importer pod's process is a worker on the operation's task queue."""
         self._record("Start importer pod", request)
         assert self.importer is not None, "this test has no importer"
-        if request.task_queue not in self.importer_workers:
+        task_queue = importer_task_queue(request.ref, operation=request.operation_id)
+        if task_queue not in self.importer_workers:
             worker = Worker(
                 self.client,
-                task_queue=request.task_queue,
+                task_queue=task_queue,
                 activities=self.importer.activities(),
             )
-            self.importer_workers[request.task_queue] = asyncio.create_task(worker.run())
+            self.importer_workers[task_queue] = asyncio.create_task(worker.run())
         return PodRef(
             namespace=request.ref.namespace,
             name=f"{request.ref.name}-import-{request.operation_id[-12:]}".lower(),
@@ -411,7 +422,7 @@ class FakeCluster:
     @activity.defn(name="Create serving pod")
     async def create_pod(self, request: CreatePod) -> None:
         self._record("Create serving pod", request)
-        meta = request.manifest["metadata"]
+        meta = request.manifest()["metadata"]
         if meta["name"] in self.pods:
             return  # 409: already created
         pod = self.pods[meta["name"]] = FakePod(

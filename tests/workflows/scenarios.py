@@ -304,7 +304,7 @@ async def failed_rollout(stage: Stage, *, reason: str, pods_per_try: int) -> lis
     calls = stage.cluster.calls
     first = next(i for i, call in enumerate(calls) if runtime_reason(call) == reason)
     created = [
-        c.argument.manifest["metadata"]["name"]
+        c.argument.manifest()["metadata"]["name"]
         for c in calls[:first]
         if c.name == "Create serving pod"
     ]

@@ -300,7 +300,7 @@ async def test_replicas_of_an_artifact_on_a_local_volume_run_on_its_node(
         )
         assert deployment.status(stage)["profile"]["node"] == "node-a"
         pinned = [
-            c.manifest["spec"]["affinity"]["nodeAffinity"][
+            c.manifest()["spec"]["affinity"]["nodeAffinity"][
                 "requiredDuringSchedulingIgnoredDuringExecution"
             ]["nodeSelectorTerms"]
             for c in stage.cluster.called("Create serving pod")

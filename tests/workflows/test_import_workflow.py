@@ -32,7 +32,7 @@ class Workers:
 
 
 @pytest.fixture
-async def workers(temporal_client: Client) -> AsyncIterator[Workers]:
+async def workers(temporal_client: Client, hub: HubFixture) -> AsyncIterator[Workers]:
     queues = Workers(
         control_queue=f"control-{uuid.uuid4().hex[:8]}",
         importer_queue=f"importer-{uuid.uuid4().hex[:8]}",
@@ -46,7 +46,7 @@ async def workers(temporal_client: Client) -> AsyncIterator[Workers]:
         importer = Worker(
             temporal_client,
             task_queue=queues.importer_queue,
-            activities=importer_activities(http=http, hf_endpoint=""),
+            activities=importer_activities(http=http, hf_endpoint=hub.url),
             activity_executor=pool,
         )
         async with control, importer:
@@ -64,7 +64,7 @@ async def run_import(
 ) -> ImportResult:
     request = ImportInput(
         operation_id=f"op-{uuid.uuid4().hex[:8]}",
-        source=HuggingFaceSource(repo=repo, revision="main", files=files, endpoint=hub.url),
+        source=HuggingFaceSource(repo=repo, revision="main", files=files),
         cache_root=str(cache),
         importer_task_queue=queues.importer_queue,
         **extra,  # type: ignore[arg-type]

@@ -1,0 +1,415 @@
+"""API keys on the public port, as clients see them over real sockets (the gateway of
+`test_gateway_http`, started with `auth="apikey"`): 401 without a known key, 404 for
+another tenant's model and 403 for a model the key leaves out, `/v1/models` per key,
+415 for a body that is not JSON, 429 with Retry-After for a key over its requests
+or tokens per minute, per-key usage on the operational port, rotation without a
+restart. Plus the sliding window's arithmetic, the settings and the CRD's model."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from gateway.auth import AccessControl
+from gateway.auth_limits import SlidingWindow
+from gateway.auth_usage import tokens_in
+from gateway.metrics import GatewayMetrics
+from kama.api import ModelAccessKeySpec, key_sha256
+from kama.config import Settings
+from kamactl.access_key import create_access_key
+from tests.unit import test_gateway_http
+from tests.unit.gateway_support import deployment
+from tests.unit.test_gateway_http import MODEL, Gateway, Replica, _chunk, running_gateway
+
+pytestmark = pytest.mark.timeout(30)
+
+KEY = "kama_test-key-of-ns"
+OTHER_KEY = "kama_test-key-of-team-b"
+USAGE = {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}
+
+
+class CountingReplica(Replica):
+    """A replica that also reports token usage: `usage` (a whole OpenAI answer),
+    `usage-stream` (events, the last with usage) and `native` (llama-server's
+    `/completion` counts)."""
+
+    async def answer(
+        self, mode: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
+        if mode in ("usage", "native"):
+            document: dict[str, Any] = {"choices": [{"text": 'say "usage": {"x": 1}'}]}
+            if mode == "usage":
+                document["usage"] = USAGE
+            else:
+                document |= {"content": "hi", "tokens_evaluated": 3, "tokens_predicted": 4}
+            body = json.dumps(document).encode()
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            return True
+        if mode == "usage-stream":
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                b"transfer-encoding: chunked\r\n\r\n"
+            )
+            for event in (
+                {"choices": [{"delta": {"content": "a"}}], "usage": None},
+                {"choices": [], "usage": USAGE},
+            ):
+                writer.write(_chunk(b"data: " + json.dumps(event).encode() + b"\n\n"))
+                await writer.drain()
+            writer.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+            return True
+        return await super().answer(mode, reader, writer)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def access_key(
+    name: str, *, key: str = KEY, namespace: str = "ns", uid: str | None = None, **spec: Any
+) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "namespace": namespace,
+            "name": name,
+            "uid": uid or f"uid-{namespace}-{name}",
+            "creationTimestamp": spec.pop("created", "2026-01-01T00:00:00Z"),
+        },
+        "spec": {"keySHA256": key_sha256(key), **spec},
+    }
+
+
+@asynccontextmanager
+async def auth_gateway(
+    monkeypatch: pytest.MonkeyPatch, *, cross_namespace: bool = False
+) -> AsyncIterator[tuple[Gateway, Clock, httpx.AsyncClient]]:
+    """A gateway that needs keys, over `CountingReplica`, with `ns/chat` (aliases
+    `shared`, `chat`) and `team-b/secret` (owns `shared`: it is older)."""
+    monkeypatch.setattr(test_gateway_http, "Replica", CountingReplica)
+    clock = Clock()
+    async with running_gateway(auth="apikey") as gw, httpx.AsyncClient() as http:
+        access = gw.state.access
+        access.clock = clock
+        access.cross_namespace_grants = cross_namespace
+        registry = gw.state.registry
+        registry.apply_deployment(
+            "MODIFIED",
+            deployment("chat", aliases=["shared", "chat"], created="2026-02-01T00:00:00Z"),
+        )
+        registry.apply_deployment(
+            "ADDED",
+            deployment(
+                "secret",
+                namespace="team-b",
+                uid="u2",
+                aliases=["shared"],
+                created="2026-01-01T00:00:00Z",
+            ),
+        )
+        yield gw, clock, http
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+def body(model: str = MODEL, mode: str = "whole") -> dict[str, object]:
+    return {"model": model, "prompt": "hi", "mode": mode}
+
+
+async def metrics_text(gw: Gateway) -> str:
+    async with httpx.AsyncClient() as http:
+        return (await http.get(f"{gw.ops_url}/metrics")).text
+
+
+def error_of(answer: httpx.Response) -> dict[str, Any]:
+    error: dict[str, Any] = answer.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    return error
+
+
+async def test_requests_need_a_known_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with auth_gateway(monkeypatch) as (gw, _, http):
+        gw.state.access.apply_key("ADDED", access_key("app"))
+        url = f"{gw.url}/v1/completions"
+        for headers in (
+            {},
+            bearer("kama_wrong"),
+            {"authorization": f"Basic {KEY}"},
+            {"authorization": "Bearer"},
+            bearer("x" * 10_000),
+        ):
+            refused = await http.post(url, json=body(), headers=headers)
+            assert refused.status_code == 401, headers
+            assert error_of(refused)["code"] == "invalid_api_key"
+            assert refused.headers["www-authenticate"].startswith("Bearer")
+        models = await http.get(f"{gw.url}/v1/models")
+        assert models.status_code == 401 and error_of(models)["code"] == "invalid_api_key"
+        assert (await http.post(url, json=body(), headers=bearer(KEY))).status_code == 200
+        assert (await http.post(url, json=body(), headers={"x-api-key": KEY})).status_code == 200
+        gw.state.access.apply_key("MODIFIED", access_key("app", disabled=True))
+        assert (await http.post(url, json=body(), headers=bearer(KEY))).status_code == 401
+        assert len(gw.replica.requests) == 2  # refusals never reach a replica
+
+
+async def test_a_key_is_rotated_without_a_restart(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with auth_gateway(monkeypatch) as (gw, _, http):
+        access, url = gw.state.access, f"{gw.url}/v1/completions"
+        access.apply_key("ADDED", access_key("v1", key="kama_old"))
+        access.apply_key("ADDED", access_key("v2", key="kama_new"))
+        for key in ("kama_old", "kama_new"):  # both work while clients switch
+            assert (await http.post(url, json=body(), headers=bearer(key))).status_code == 200
+        access.apply_key("DELETED", access_key("v1", key="kama_old"))
+        assert (await http.post(url, json=body(), headers=bearer("kama_old"))).status_code == 401
+        assert (await http.post(url, json=body(), headers=bearer("kama_new"))).status_code == 200
+        # a key object whose hash changed answers to the new key only
+        access.apply_key("MODIFIED", access_key("v2", key="kama_newer"))
+        assert (await http.post(url, json=body(), headers=bearer("kama_new"))).status_code == 401
+        assert (await http.post(url, json=body(), headers=bearer("kama_newer"))).status_code == 200
+        text = await metrics_text(gw)
+    assert 'kama_gateway_key_requests_total{key="v2",key_namespace="ns"}' in text
+    assert 'key="v1"' not in text  # a deleted key's series (and limits) are gone
+
+
+async def test_a_key_sees_and_uses_only_what_it_grants(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with auth_gateway(monkeypatch) as (gw, _, http):
+        access, url = gw.state.access, f"{gw.url}/v1/completions"
+        access.apply_key("ADDED", access_key("app"))
+        access.apply_key("ADDED", access_key("b", key=OTHER_KEY, namespace="team-b"))
+        listed = (await http.get(f"{gw.url}/v1/models", headers=bearer(KEY))).json()["data"]
+        assert [m["id"] for m in listed] == [MODEL]
+        # `shared` is team-b's (older); for this key it routes to the model it may use,
+        # and nothing names the other tenant's model
+        assert listed[0]["aliases"] == ["shared", "chat"]
+        assert listed[0]["aliases_owned_elsewhere"] == {}
+        shared = await http.post(url, json=body("shared", "named"), headers=bearer(KEY))
+        assert shared.status_code == 200 and shared.headers["x-kama-model"] == MODEL
+        # another namespace's model: the same answer as a model that does not exist
+        for name in ("team-b/secret", "team-b/nothing"):
+            hidden = await http.post(url, json=body(name), headers=bearer(KEY))
+            assert hidden.status_code == 404 and error_of(hidden)["code"] == "model_not_found"
+        native = await http.post(
+            f"{gw.url}/models/team-b/secret/completion", json={"prompt": "x"}, headers=bearer(KEY)
+        )
+        assert native.status_code == 404
+        # team-b's key lists its own model and does not reach ns/chat
+        other = await http.get(f"{gw.url}/v1/models", headers=bearer(OTHER_KEY))
+        assert [m["id"] for m in other.json()["data"]] == ["team-b/secret"]
+        assert (await http.post(url, json=body(), headers=bearer(OTHER_KEY))).status_code == 404
+        # a key limited to other models of its namespace: 403 for this one, and unlisted
+        access.apply_key("MODIFIED", access_key("app", models=["embed"]))
+        forbidden = await http.post(url, json=body(), headers=bearer(KEY))
+        assert forbidden.status_code == 403
+        assert error_of(forbidden)["code"] == "model_not_allowed"
+        listed = (await http.get(f"{gw.url}/v1/models", headers=bearer(KEY))).json()["data"]
+        assert listed == []
+        assert gw.replica.requests == [body("shared", "named")]
+
+
+async def test_cross_namespace_grants_need_the_operators_consent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    grant = access_key("app", namespaces=["team-b"], models=["chat", "team-b/secret"])
+    async with auth_gateway(monkeypatch) as (gw, _, http):
+        gw.state.access.apply_key("ADDED", grant)
+        listed = (await http.get(f"{gw.url}/v1/models", headers=bearer(KEY))).json()["data"]
+        assert [m["id"] for m in listed] == [MODEL]  # the grant is ignored
+    async with auth_gateway(monkeypatch, cross_namespace=True) as (gw, _, http):
+        gw.state.access.apply_key("ADDED", grant)
+        listed = (await http.get(f"{gw.url}/v1/models", headers=bearer(KEY))).json()["data"]
+        assert [m["id"] for m in listed] == [MODEL, "team-b/secret"]
+
+
+async def test_a_copied_hash_grants_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """team-b copies ns's key hash into its namespace, later: the key still reaches
+    ns only, and its usage is charged to ns's object."""
+    async with auth_gateway(monkeypatch) as (gw, _, http):
+        access = gw.state.access
+        access.apply_key("ADDED", access_key("app"))
+        copy = access_key("stolen", namespace="team-b", created="2026-03-01T00:00:00Z")
+        access.apply_key("ADDED", copy)
+        listed = (await http.get(f"{gw.url}/v1/models", headers=bearer(KEY))).json()["data"]
+        assert [m["id"] for m in listed] == [MODEL]
+        access.apply_key("DELETED", access_key("app"))  # now the copy is the only claim
+        listed = (await http.get(f"{gw.url}/v1/models", headers=bearer(KEY))).json()["data"]
+        assert [m["id"] for m in listed] == ["team-b/secret"]
+
+
+async def test_a_body_that_is_not_json_is_415(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with auth_gateway(monkeypatch) as (gw, _, http):
+        gw.state.access.apply_key("ADDED", access_key("app"))
+        text = json.dumps(body())
+        for content_type in (
+            None,
+            "text/plain",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data; boundary=x",
+        ):
+            headers = bearer(KEY) | ({"content-type": content_type} if content_type else {})
+            refused = await http.post(f"{gw.url}/v1/completions", content=text, headers=headers)
+            assert refused.status_code == 415, content_type
+            assert error_of(refused)["code"] == "unsupported_media_type"
+        for content_type in ("application/json; charset=utf-8", "Application/JSON"):
+            headers = bearer(KEY) | {"content-type": content_type}
+            answer = await http.post(f"{gw.url}/v1/completions", content=text, headers=headers)
+            assert answer.status_code == 200, content_type
+        assert len(gw.replica.requests) == 2
+
+
+async def test_requests_per_minute_are_limited_per_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with auth_gateway(monkeypatch) as (gw, clock, http):
+        access, url = gw.state.access, f"{gw.url}/v1/completions"
+        access.apply_key("ADDED", access_key("app", requestsPerMinute=2))
+        access.apply_key("ADDED", access_key("b", key=OTHER_KEY, namespace="team-b"))
+        for _ in range(2):
+            assert (await http.post(url, json=body(), headers=bearer(KEY))).status_code == 200
+        refused = await http.post(url, json=body(), headers=bearer(KEY))
+        assert refused.status_code == 429
+        error = error_of(refused)
+        assert error["code"] == "rate_limit_exceeded" and error["type"] == "requests"
+        wait = int(refused.headers["retry-after"])
+        assert 60 <= wait <= 120
+        # another key is not affected
+        models = await http.get(f"{gw.url}/v1/models", headers=bearer(OTHER_KEY))
+        assert models.status_code == 200
+        clock.now += wait - 1
+        assert (await http.post(url, json=body(), headers=bearer(KEY))).status_code == 429
+        clock.now += 1
+        assert (await http.post(url, json=body(), headers=bearer(KEY))).status_code == 200
+        text = await metrics_text(gw)
+    assert (
+        'kama_gateway_key_rate_limited_total{key="app",key_namespace="ns",limit="requests"} 2.0'
+        in text
+    )
+    assert 'kama_gateway_key_requests_total{key="app",key_namespace="ns"} 3.0' in text
+
+
+async def test_tokens_are_counted_per_key_and_limited(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with auth_gateway(monkeypatch) as (gw, clock, http):
+        access, url = gw.state.access, f"{gw.url}/v1/completions"
+        access.apply_key("ADDED", access_key("app", tokensPerMinute=30))
+        for mode in ("usage", "usage-stream"):  # 12 tokens each
+            answer = await http.post(url, json=body(mode=mode), headers=bearer(KEY))
+            assert answer.status_code == 200, answer.text
+        native = await http.post(
+            f"{gw.url}/models/ns/chat/completion", json={"mode": "native"}, headers=bearer(KEY)
+        )
+        assert native.status_code == 200  # 3 + 4 tokens: 31 in all, over the budget
+        text = await metrics_text(gw)
+        labels = '{key="app",key_namespace="ns"}'
+        assert f"kama_gateway_key_prompt_tokens_total{labels} 17.0" in text
+        assert f"kama_gateway_key_completion_tokens_total{labels} 14.0" in text
+        refused = await http.post(url, json=body(), headers=bearer(KEY))
+        assert refused.status_code == 429 and error_of(refused)["type"] == "tokens"
+        assert int(refused.headers["retry-after"]) >= 1
+        clock.now += int(refused.headers["retry-after"])
+        assert (await http.post(url, json=body(), headers=bearer(KEY))).status_code == 200
+
+
+async def test_unauthenticated_mode_is_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with running_gateway() as gw, httpx.AsyncClient() as http:
+        assert not gw.state.access.enabled
+        listed = (await http.get(f"{gw.url}/v1/models")).json()["data"]
+        assert [m["id"] for m in listed] == [MODEL]
+        answer = await http.post(f"{gw.url}/v1/completions", json=body())
+        assert answer.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("limit", "uses", "cost"),
+    [(10, [(0.0, 10)], 1), (10, [(0.0, 4), (61.0, 9)], 1), (5, [(30.0, 5), (70.0, 2)], 1)],
+)
+def test_retry_after_is_exactly_when_the_window_allows_it(
+    limit: int, uses: list[tuple[float, int]], cost: int
+) -> None:
+    window = SlidingWindow(limit=limit, started=0.0)
+    for at, amount in uses:
+        window.add(at, amount)
+    now = uses[-1][0]
+    wait = window.retry_after(now, cost=cost)
+    assert wait >= 1
+    assert window.estimate(now + wait) + cost <= limit
+    assert window.estimate(now + wait - 1) + cost > limit
+
+
+def test_usage_is_read_from_the_end_of_an_answer() -> None:
+    answer = json.dumps({"choices": [{"text": '"usage": {"prompt_tokens": 99}'}], "usage": USAGE})
+    assert tokens_in(answer.encode()) == (7, 5)
+    assert tokens_in(b'data: {"usage": null}\n\ndata: {"usage": {"prompt_tokens": 2}}\n\n') == (
+        2,
+        0,
+    )
+    assert tokens_in(b'{"tokens": [1, 2]}') == (0, 0)
+    assert tokens_in(b'{"usage": {"prompt_tokens": "many"}}') == (0, 0)
+
+
+def test_the_gateway_needs_keys_unless_told_otherwise() -> None:
+    assert Settings.from_env({}).gateway_auth == "apikey"
+    assert Settings.from_env({"KAMA_GATEWAY_AUTH": "disabled"}).gateway_auth == "disabled"
+    with pytest.raises(ValueError, match="KAMA_GATEWAY_AUTH"):
+        Settings.from_env({"KAMA_GATEWAY_AUTH": "off"})
+    with pytest.raises(ValueError, match="not one of"):
+        AccessControl(metrics=GatewayMetrics(), mode="none")
+
+
+def test_a_key_object_holds_a_hash_only() -> None:
+    spec = ModelAccessKeySpec.model_validate({"keySHA256": key_sha256(KEY), "models": ["chat"]})
+    assert spec.key_sha256 == key_sha256(KEY) and KEY not in spec.model_dump_json()
+    for bad in (KEY, key_sha256(KEY).upper(), key_sha256(KEY)[:63]):
+        with pytest.raises(ValidationError):
+            ModelAccessKeySpec.model_validate({"keySHA256": bad})
+    with pytest.raises(ValidationError):
+        ModelAccessKeySpec.model_validate({"keySHA256": key_sha256(KEY), "requestsPerMinute": 0})
+
+
+def test_a_minted_key_is_shown_once_and_its_object_holds_its_hash() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    code = create_access_key(
+        name="my-app",
+        namespace="team-a",
+        models=["chat"],
+        namespaces=[],
+        requests_per_minute=60,
+        tokens_per_minute=None,
+        out=out,
+        err=err,
+    )
+    assert code == 0
+    key = err.getvalue().splitlines()[-1]
+    obj = yaml.safe_load(out.getvalue())
+    assert key.startswith("kama_") and len(key) > 40 and key not in out.getvalue()
+    assert obj["metadata"] == {"name": "my-app", "namespace": "team-a"}
+    assert obj["spec"]["keySHA256"] == hashlib.sha256(key.encode()).hexdigest()
+    assert obj["spec"]["models"] == ["chat"] and obj["spec"]["requestsPerMinute"] == 60
+    access = AccessControl(metrics=GatewayMetrics())
+    access.apply_key("ADDED", {**obj, "metadata": {**obj["metadata"], "uid": "u"}})
+    caller = access.authenticate({"authorization": f"Bearer {key}"})
+    assert caller is not None and caller.key.key == "team-a/my-app"
+    with pytest.raises(ValueError, match="not a valid Kubernetes name"):
+        create_access_key(
+            name="Bad",
+            namespace="team-a",
+            models=[],
+            namespaces=[],
+            requests_per_minute=None,
+            tokens_per_minute=None,
+            out=io.StringIO(),
+            err=io.StringIO(),
+        )
