@@ -7,6 +7,7 @@ not retried)."""
 from __future__ import annotations
 
 import datetime
+import secrets
 import uuid
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
@@ -20,17 +21,13 @@ from temporalio.exceptions import ApplicationError
 from activities.kube_errors import Conflict, Forbidden, Invalid, KubeTarget, NotFound, kube_call
 from activities.provenance import ForgedRequest, kama_pod, live_object
 from kama.api import API_VERSION, FINALIZER, GROUP, VERSION
-from kama.contracts import ARTIFACTS, CACHES, DEPLOYMENTS, ObjectRef, importer_task_queue
+from kama.contracts import ARTIFACTS, CACHES, DEPLOYMENTS, ObjectRef
 from kama.importer_pod import (
     IMPORTER_ROLE,
     ImporterMounts,
     ImporterPodOptions,
     importer_pod_manifest,
-)
-from kama.temporal_setup import (
-    ImporterTemporal,
-    importer_temporal_env,
-    importer_temporal_volume,
+    importer_pod_name,
 )
 from kama.tenancy import TenancyPolicy
 
@@ -81,6 +78,8 @@ def cache_claim_name(cache: str) -> str:
 
 # what `Expand cache claim` found (ClaimExpansion.state)
 CLAIM_SIZED = "Sized"  # the claim has the size the template asks for
+TOKEN_BYTES = 32  # the importer pod's token: 256 random bits
+
 CLAIM_EXPANDING = "Expanding"  # asked for more; the volume is not that large yet
 CLAIM_NOT_EXPANDABLE = "ExpansionNotSupported"  # the template asks for more than it can get
 
@@ -117,7 +116,6 @@ class PodRef:
 @dataclass(frozen=True)
 class ImporterSettings:
     image: str
-    temporal: ImporterTemporal  # the worker's Temporal connection, as importer pods get it
     hf_endpoint: str = "https://huggingface.co"
     options: ImporterPodOptions = field(default_factory=ImporterPodOptions)
 
@@ -130,23 +128,12 @@ class ImporterSettings:
             owner=owner,
             operation_id=operation_id,
             image=self.image,
-            args=["importer", "--task-queue", importer_task_queue(owner, operation=operation_id)],
-            env=[
-                *importer_temporal_env(self.temporal),
-                {"name": "KAMA_HF_ENDPOINT", "value": self.hf_endpoint},
-            ],
+            token=secrets.token_urlsafe(TOKEN_BYTES),
+            hf_endpoint=self.hf_endpoint,
             mounts=mounts,
-            extra_volumes=[
-                extra
-                for extra in (importer_temporal_volume(self.temporal), self.options.ca_volume())
-                if extra is not None
-            ],
+            extra_volumes=[extra for extra in (self.options.ca_volume(),) if extra is not None],
             options=self.options,
         )
-
-
-def importer_pod_name(artifact: str, operation_id: str) -> str:
-    return f"{artifact[:40]}-import-{operation_id[-12:]}".lower()
 
 
 def remove_pod(core: k8s.CoreV1Api, *, namespace: str, name: str, force: bool = False) -> None:

@@ -1,6 +1,7 @@
 """llama-server as an external system: how busy a serving pod is, read from its
-`/slots` endpoint (the pod IP and port come from the pod; Kama's worker reaches pod
-IPs like any in-cluster client).
+`/slots` endpoint (the IP comes from the pod, read by name and checked to be a Kama
+serving pod, never from the activity's input; Kama's worker reaches pod IPs like any
+in-cluster client).
 
 A pod is not trusted to answer sanely: the read has a total deadline
 (`SLOTS_READ_DEADLINE_S`, from the request to the answer's last byte, so a pod that
@@ -17,9 +18,13 @@ import logging
 from dataclasses import dataclass
 
 import httpx
+from kubernetes import client as k8s
 from temporalio import activity
 
+from activities.provenance import kama_pod
 from kama.serving_plan import LLAMA_PORT
+from kama.serving_pod import SERVER_ROLE
+from kama.tenancy import TenancyPolicy
 
 log = logging.getLogger("kama")
 
@@ -42,8 +47,11 @@ class PodAnswerTooLarge(PodReadFailed):
 
 @dataclass(frozen=True)
 class SlotsRequest:
-    pod_ip: str
-    port: int = LLAMA_PORT
+    """A serving pod by name: the activity reads its IP from the pod, after checking
+    that it is one of Kama's (a task naming another address is refused)."""
+
+    namespace: str
+    pod: str
 
 
 @dataclass(frozen=True)
@@ -80,18 +88,39 @@ class LlamaServerActivities:
         self,
         *,
         http: httpx.AsyncClient,
+        api: k8s.ApiClient,
+        tenancy: TenancyPolicy | None = None,
         deadline_s: float = SLOTS_READ_DEADLINE_S,
         max_bytes: int = SLOTS_MAX_BYTES,
     ) -> None:
         self.http = http
+        self.core = k8s.CoreV1Api(api)
+        self.tenancy = tenancy or TenancyPolicy()
         self.deadline_s = deadline_s
         self.max_bytes = max_bytes
 
     @activity.defn(name="Count busy slots")
     async def busy_slots(self, request: SlotsRequest) -> int | None:
-        """Slots processing a request; None when the server does not answer (gone), or
-        not within the deadline and byte cap."""
-        url = f"http://{request.pod_ip}:{request.port}/slots"
+        """Slots processing a request; None when the pod or its server is gone, or
+        does not answer within the deadline and byte cap. ForgedRequest for a pod that
+        is not a Kama serving pod."""
+        pod = await asyncio.to_thread(
+            kama_pod,
+            self.core,
+            policy=self.tenancy,
+            namespace=request.namespace,
+            name=request.pod,
+            role=SERVER_ROLE,
+            owner_kind="ModelDeployment",
+        )
+        ip = pod.status.pod_ip if pod is not None and pod.status else None
+        if not ip:
+            return None
+        host = f"[{ip}]" if ":" in ip else ip
+        return await self.count_busy(f"http://{host}:{LLAMA_PORT}/slots")
+
+    async def count_busy(self, url: str) -> int | None:
+        """Busy slots as llama-server's `/slots` at `url` says, within the bounds."""
         try:
             answer = await read_pod(
                 self.http, url, deadline_s=self.deadline_s, max_bytes=self.max_bytes

@@ -60,10 +60,6 @@ class Settings:
     cluster: str = ""  # KAMA_CLUSTER: see cluster_name_problem
     hf_endpoint: str = "https://huggingface.co"
     importer_image: str = DEFAULT_IMPORTER_IMAGE
-    importer_temporal_address: str | None = None  # as pods see Temporal, if different
-    # a Secret in each served namespace with the importer pods' Temporal credentials
-    # (tls.crt, tls.key, ca.crt, api-key: those the worker's own connection uses)
-    importer_temporal_secret: str | None = None
     # resources, extra env and CA bundle of importer pods (KAMA_IMPORTER_RESOURCES, ...)
     importer_pod: ImporterPodOptions = field(default_factory=ImporterPodOptions)
     watch_namespace: str | None = None  # None: all namespaces
@@ -104,8 +100,6 @@ class Settings:
             cluster=env.get("KAMA_CLUSTER", defaults.cluster).strip(),
             hf_endpoint=env.get("KAMA_HF_ENDPOINT", defaults.hf_endpoint),
             importer_image=env.get("KAMA_IMPORTER_IMAGE", defaults.importer_image),
-            importer_temporal_address=env.get("KAMA_IMPORTER_TEMPORAL_ADDRESS") or None,
-            importer_temporal_secret=env.get("KAMA_IMPORTER_TEMPORAL_SECRET") or None,
             importer_pod=ImporterPodOptions.from_env(env),
             watch_namespace=env.get("KAMA_WATCH_NAMESPACE") or None,
             tenancy=TenancyPolicy(

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kama.contracts import ObjectRef
+from kama.importer_protocol import IMPORTER_PORT, TOKEN_ENV
 
 # where the CA bundle is mounted in importer pods; the importer's HTTP client (httpx)
 # trusts exactly the bundle SSL_CERT_FILE names
@@ -186,14 +187,18 @@ def _extra_env(value: str) -> tuple[dict[str, Any], ...]:
     return tuple(entries)
 
 
+def importer_pod_name(artifact: str, operation_id: str) -> str:
+    return f"{artifact[:40]}-import-{operation_id[-12:]}".lower()
+
+
 def importer_pod_manifest(
     *,
     name: str,
     owner: ObjectRef,
     operation_id: str,
     image: str,
-    args: list[str],
-    env: list[dict[str, Any]],
+    token: str,
+    hf_endpoint: str,
     mounts: ImporterMounts,
     extra_volumes: list[tuple[dict[str, Any], dict[str, Any]]],
     options: ImporterPodOptions,
@@ -202,7 +207,8 @@ def importer_pod_manifest(
     `restricted` Pod Security level (non-root, seccomp RuntimeDefault, no privilege
     escalation, every capability dropped), has a read-only root filesystem, no
     service-account token, and requests resources (the operator's, else
-    `DEFAULT_RESOURCES`)."""
+    `DEFAULT_RESOURCES`). It holds no Temporal credential: it serves the worker on
+    its pod IP (`kama.importer_protocol`), answering only `token`."""
     volumes_and_mounts = [*mounts.volumes(), *extra_volumes]
     return {
         "apiVersion": "v1",
@@ -242,8 +248,17 @@ def importer_pod_manifest(
                 {
                     "name": "importer",
                     "image": image,
-                    "args": args,
-                    "env": [*env, *options.container_env()],
+                    "args": ["importer"],
+                    "env": [
+                        {
+                            "name": "POD_IP",
+                            "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+                        },
+                        {"name": TOKEN_ENV, "value": token},
+                        {"name": "KAMA_HF_ENDPOINT", "value": hf_endpoint},
+                        *options.container_env(),
+                    ],
+                    "ports": [{"name": "importer", "containerPort": IMPORTER_PORT}],
                     "resources": options.resources or DEFAULT_RESOURCES,
                     "securityContext": {
                         "readOnlyRootFilesystem": True,

@@ -17,6 +17,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from kama.importer_protocol import TOKEN_ENV
 from kamactl.errors import TemporalSetupError
 from kamactl.logs import configure_logging
 
@@ -54,7 +55,10 @@ def _watcher(args: argparse.Namespace) -> int:
 def _importer(args: argparse.Namespace) -> int:
     from kamactl.worker import run_importer
 
-    asyncio.run(run_importer(_settings(), task_queue=args.task_queue))
+    token = os.environ.get(TOKEN_ENV, "")
+    if not token:
+        raise SystemExit(f"kama importer: {TOKEN_ENV} is not set (the worker sets it in the pod)")
+    asyncio.run(run_importer(_settings(), host=args.host, token=token))
     return 0
 
 
@@ -158,10 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
         func=_watcher
     )
     importer = sub.add_parser(
-        "importer", help="run download/hash/publish activities next to a cache volume"
+        "importer", help="serve download/hash/publish activities to the worker, next to a volume"
     )
     importer.add_argument(
-        "--task-queue", required=True, help="the per-operation task queue to poll"
+        "--host",
+        default=os.environ.get("POD_IP", "127.0.0.1"),
+        help="address to listen on (default: $POD_IP, the pod's own IP)",
     )
     importer.set_defaults(func=_importer)
     gateway = sub.add_parser("gateway", help="serve the OpenAI-compatible gateway")

@@ -27,8 +27,6 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from kama.config import Settings
 from kama.temporal_setup import (
-    ImporterTemporal,
-    importer_temporal,
     search_attribute_problems,
     search_attribute_report,
 )
@@ -98,23 +96,3 @@ async def connect_temporal(
     if check:
         await check_search_attributes(client)
     return client
-
-
-def importer_connection(settings: Settings, *, env: Mapping[str, str]) -> ImporterTemporal:
-    """The Temporal connection of importer pods: the worker's own, with the address as
-    pods see it (`KAMA_IMPORTER_TEMPORAL_ADDRESS`) and the credentials' files and API
-    key from `KAMA_IMPORTER_TEMPORAL_SECRET` in the artifact's namespace."""
-    profile = temporal_profile(settings, env=env)
-    connection = importer_temporal(
-        profile=profile,
-        address=settings.importer_temporal_address or profile.address or DEFAULT_TEMPORAL_ADDRESS,
-        namespace=profile.namespace or DEFAULT_TEMPORAL_NAMESPACE,
-        cluster=settings.cluster,
-        secret=settings.importer_temporal_secret,
-    )
-    if settings.importer_temporal_secret is None and profile.api_key is not None:
-        log.warning(
-            "Temporal is reached with an API key but KAMA_IMPORTER_TEMPORAL_SECRET is not "
-            "set: importer pods get no API key and cannot connect"
-        )
-    return connection

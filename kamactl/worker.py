@@ -16,7 +16,8 @@ import httpx
 from temporalio.worker import Worker
 
 from kama.config import Settings
-from kamactl.clients import connect_temporal, importer_connection, kube_api
+from kamactl.clients import connect_temporal, kube_api
+from kamactl.importer_relays import ImporterRelays
 from kamactl.telemetry import install_temporal_metrics
 from kamactl.workflow_counts import worker_metrics
 
@@ -27,7 +28,6 @@ LLAMA_PROBE_TIMEOUT_S = 3.0  # connect and each read; the whole read has its own
 # worker up to max_concurrent_activities tasks (100 by default), and a sync activity
 # beyond the pool's threads would wait unseen while its timeouts run
 CONTROL_ACTIVITY_SLOTS = 16
-IMPORTER_ACTIVITY_SLOTS = 4
 
 
 def _stop_on_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
@@ -58,18 +58,28 @@ async def run_worker(settings: Settings) -> None:
         api=api,
         importer=ImporterSettings(
             image=settings.importer_image,
-            temporal=importer_connection(settings, env=os.environ),
             hf_endpoint=settings.hf_endpoint,
             options=settings.importer_pod,
         ),
         tenancy=settings.tenancy,
+    )
+    with httpx.Client() as unused:  # the relays read only the activities' declarations
+        declared = importer_activities(http=unused, hf_endpoint="")
+    relays = ImporterRelays(
+        client=client,
+        api=api,
+        tenancy=settings.tenancy,
+        cluster=settings.cluster,
+        importer_functions=declared,
     )
     progress = ProgressActivities(client=client)
     serving = ServingPodActivities(
         api=api, runtime_image=settings.runtime_image, tenancy=settings.tenancy
     )
     keda = KedaActivities(api=api, scaler_address=settings.keda_scaler_address)
-    llama = LlamaServerActivities(http=httpx.AsyncClient(timeout=LLAMA_PROBE_TIMEOUT_S))
+    llama = LlamaServerActivities(
+        http=httpx.AsyncClient(timeout=LLAMA_PROBE_TIMEOUT_S), api=api, tenancy=settings.tenancy
+    )
     stop = asyncio.Event()
     _stop_on_signals(asyncio.get_running_loop(), stop)
     with ThreadPoolExecutor(max_workers=CONTROL_ACTIVITY_SLOTS) as pool:
@@ -127,11 +137,14 @@ async def run_worker(settings: Settings) -> None:
                 client.service_client.config.target_host,
                 client.namespace,
             )
+            relaying = asyncio.create_task(relays.run(stop))
             await stop.wait()
+            await relaying
 
 
 def importer_activities(*, http: httpx.Client, hf_endpoint: str) -> list[Callable[..., Any]]:
-    """Everything that runs next to a volume: sources, hashing, publication."""
+    """Everything that runs next to a volume: sources, hashing, publication (served by
+    `kama importer`; their declared types are what the worker's relays check)."""
     from activities.cache import CacheActivities
     from activities.huggingface import HuggingFaceActivities
     from activities.volume_source import PvcSourceActivities
@@ -154,21 +167,23 @@ def importer_activities(*, http: httpx.Client, hf_endpoint: str) -> list[Callabl
     ]
 
 
-async def run_importer(settings: Settings, *, task_queue: str) -> None:
-    client = await connect_temporal(settings)
+async def run_importer(settings: Settings, *, host: str, token: str) -> None:
+    """Serve the importer activities to the worker on `host` (the pod IP) until SIGTERM.
+    No Temporal client: the worker relays the operation's tasks here."""
+    from kama.importer_protocol import IMPORTER_PORT
+    from kamactl.importer_server import serve_importer
+
     stop = asyncio.Event()
     _stop_on_signals(asyncio.get_running_loop(), stop)
-    with (
-        httpx.Client(timeout=httpx.Timeout(60, connect=10), follow_redirects=True) as http,
-        ThreadPoolExecutor(max_workers=IMPORTER_ACTIVITY_SLOTS) as pool,
-    ):
-        worker = Worker(
-            client,
-            task_queue=task_queue,
-            max_concurrent_activities=IMPORTER_ACTIVITY_SLOTS,
-            activities=importer_activities(http=http, hf_endpoint=settings.hf_endpoint),
-            activity_executor=pool,
+    with httpx.Client(timeout=httpx.Timeout(60, connect=10), follow_redirects=True) as http:
+        server = serve_importer(
+            host=host,
+            port=IMPORTER_PORT,
+            functions=importer_activities(http=http, hf_endpoint=settings.hf_endpoint),
+            token=token,
         )
-        async with worker:
-            log.info("importer polling %s (pid %d)", task_queue, os.getpid())
+        log.info("importer serving on %s:%d (pid %d)", host, IMPORTER_PORT, os.getpid())
+        try:
             await stop.wait()
+        finally:
+            await asyncio.to_thread(server.shutdown)

@@ -136,7 +136,6 @@ def kama_control(crds: LocalStack, hub: HubFixture) -> Iterator[KamaControl]:
     env = {
         "KUBECONFIG": str(stack.kubeconfig),
         "KAMA_TEMPORAL_ADDRESS": stack.temporal.address,
-        "KAMA_IMPORTER_TEMPORAL_ADDRESS": stack.temporal_for_pods,
         "KAMA_HF_ENDPOINT": hub.url,
         "KAMA_IMPORTER_IMAGE": KAMA_IMAGE,
         "KAMA_RUNTIME_IMAGE": KAMA_LLAMA_IMAGE,

@@ -636,7 +636,8 @@ class DeploymentWorkflow(EntityWorkflow):
             # is exactly the one that must not be scaled away under its streams
             if pod.pod_ip and not pod.deleting:
                 busy = await SLOTS.schedule(
-                    LlamaServerActivities.busy_slots, SlotsRequest(pod_ip=pod.pod_ip)
+                    LlamaServerActivities.busy_slots,
+                    SlotsRequest(namespace=snap.ref.namespace, pod=pod.name),
                 )
                 # a ready replica that did not answer in time (a busy llama-server on
                 # a loaded node) is not known to be idle: look again next round; a

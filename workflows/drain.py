@@ -73,7 +73,8 @@ class DrainWorkflow(TaskStatus):
             while True:
                 self._status.doing = f"waiting for busy slots on {ip} to finish"
                 found = await SLOTS.schedule(
-                    LlamaServerActivities.busy_slots, SlotsRequest(pod_ip=ip)
+                    LlamaServerActivities.busy_slots,
+                    SlotsRequest(namespace=request.namespace, pod=request.pod),
                 )
                 busy = found or 0
                 if workflow.now() >= deadline:

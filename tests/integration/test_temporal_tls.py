@@ -19,10 +19,7 @@ from typing import TypeVar
 
 import pytest
 from google.protobuf.duration_pb2 import Duration
-from temporalio.api.enums.v1 import TaskQueueType
-from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import (
-    DescribeTaskQueueRequest,
     RegisterNamespaceRequest,
 )
 from temporalio.client import Client
@@ -32,7 +29,6 @@ from kamactl.clients import connect_temporal
 from kamactl.errors import TemporalSetupError
 from kamadev.binaries import REPO_ROOT, ensure_binaries
 from kamadev.pki import CertificateAuthority
-from kamadev.processes import ManagedProcess
 from kamadev.temporal import DevServerTLS, TemporalDevServer
 
 EX_CONFIG = 78
@@ -100,17 +96,6 @@ def _process_env(extra: dict[str, str]) -> dict[str, str]:
     return {**base, "TEMPORAL_CONFIG_FILE": "/nonexistent/temporal.toml", **extra}
 
 
-async def _pollers(client: Client, queue: str) -> list[str]:
-    response = await client.workflow_service.describe_task_queue(
-        DescribeTaskQueueRequest(
-            namespace=client.namespace,
-            task_queue=TaskQueue(name=queue),
-            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
-        )
-    )
-    return [p.identity for p in response.pollers]
-
-
 async def _new_namespace(client: Client) -> str:
     name = f"bare-{uuid.uuid4().hex[:6]}"
     await client.workflow_service.register_namespace(
@@ -131,33 +116,6 @@ async def test_only_a_client_with_a_certificate_gets_in(tls_temporal: TlsTempora
         await Client.connect(tls_temporal.address)
 
 
-async def test_kama_importer_connects_through_temporal_variables_with_certificates(
-    tls_temporal: TlsTemporal,
-) -> None:
-    """`kama importer` (what importer pods run) with TEMPORAL_* only: it polls its
-    queue over mutual TLS."""
-    queue = f"kama-importer-{uuid.uuid4().hex[:8]}"
-    process = ManagedProcess(
-        name="kama-importer-tls",
-        argv=[sys.executable, "-m", "kamactl", "importer", "--task-queue", queue],
-        log_path=tls_temporal.workdir / "logs" / f"{queue}.log",
-        stack_id=tls_temporal.stack_id,
-        env=_process_env(tls_temporal.env),
-        cwd=REPO_ROOT,
-    )
-    try:
-        observer = await connect_temporal(Settings(), env=tls_temporal.env)
-
-        async def polling() -> list[str] | None:
-            process.check_alive()
-            return await _pollers(observer, queue) or None
-
-        pollers = await eventually_async(polling, what="kama importer polling over mTLS")
-        assert any(str(process.pid) in identity for identity in pollers), pollers
-    finally:
-        process.stop(grace=5)
-
-
 async def test_a_namespace_without_kamas_search_attributes_stops_the_process_with_the_fix(
     tls_temporal: TlsTemporal,
 ) -> None:
@@ -170,7 +128,7 @@ async def test_a_namespace_without_kamas_search_attributes_stops_the_process_wit
     assert "KamaKind (Keyword) is missing" in str(raised.value)
 
     run = subprocess.run(
-        [sys.executable, "-m", "kamactl", "importer", "--task-queue", "q"],
+        [sys.executable, "-m", "kamactl", "worker"],
         env=_process_env(env),
         cwd=REPO_ROOT,
         capture_output=True,

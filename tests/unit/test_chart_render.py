@@ -334,19 +334,20 @@ def test_metrics_ports_can_be_turned_off(helm: tuple[Path, dict[str, str]]) -> N
     assert "logFormat" in refused(helm, *EVAL, "--set", "logFormat=yaml")
 
 
-def test_the_cluster_name_reaches_every_process_and_importer_credentials_the_worker(
+def test_the_cluster_name_reaches_every_process_and_importers_get_no_temporal_settings(
     helm: tuple[Path, dict[str, str]],
 ) -> None:
-    docs = render(
-        helm, *EVAL, "--set", "clusterName=prod-eu", "--set", "temporal.importerSecretName=kama-t"
-    )
+    docs = render(helm, *EVAL, "--set", "clusterName=prod-eu")
     for name in ("kama-worker", "kama-watcher", "kama-gateway"):
         container = named(docs, "Deployment", name)["spec"]["template"]["spec"]["containers"][0]
         assert env_of(container)["KAMA_CLUSTER"] == "prod-eu"
     worker = named(docs, "Deployment", "kama-worker")["spec"]["template"]["spec"]["containers"][0]
-    assert env_of(worker)["KAMA_IMPORTER_TEMPORAL_SECRET"] == "kama-t"
+    assert not [name for name in env_of(worker) if name.startswith("KAMA_IMPORTER_TEMPORAL")]
     unnamed = named(render(helm, *EVAL), "Deployment", "kama-worker")
     assert env_of(unnamed["spec"]["template"]["spec"]["containers"][0])["KAMA_CLUSTER"] == ""
+    assert "importerSecretName" in refused(
+        helm, *EVAL, "--set", "temporal.importerSecretName=kama-t"
+    )
 
 
 def test_importer_values_reach_the_importer_pods_the_worker_creates(

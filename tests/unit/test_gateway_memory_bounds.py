@@ -217,7 +217,7 @@ async def test_bodies_arriving_at_once_are_budgeted() -> None:
     async with running_gateway(limits=limits) as gw, httpx.AsyncClient(timeout=20) as http:
         url = f"{gw.url}/v1/completions"
         host, port = gw.url.removeprefix("http://").split(":")
-        reader, writer = await asyncio.open_connection(host, int(port))
+        _, writer = await asyncio.open_connection(host, int(port))
         writer.write(  # 900 KiB announced, a little sent, the rest never comes
             b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
             b"content-length: %d\r\n\r\n{" % (900 * 1024)
@@ -292,6 +292,7 @@ CLIENTS = 100
 BODY_BYTES = 8 * MiB - 1024
 RSS_BOUND = 256 * MiB
 ROUNDS = 2  # connections per client, one request each, every answer left unread
+ANSWER_BYTES = 1 * MiB  # each answer a client leaves unread (a long completion's JSON)
 
 
 def never_reading_client(number: int, port: int, body: bytes, sockets: list[socket.socket]) -> None:
@@ -317,13 +318,13 @@ def never_reading_client(number: int, port: int, body: bytes, sockets: list[sock
 async def test_clients_that_never_read_cannot_grow_the_gateway_past_its_bound() -> None:
     limits = {
         "max_held_bytes": 32 * MiB,
-        "max_upload_bytes": 64 * MiB,
+        "max_upload_bytes": 32 * MiB,
         "max_waiting_requests": 64,
         "max_requests_per_client": 4,
         "client_write_timeout_s": 2.0,
         "slots": 4,
     }
-    replica, replica_port = Replica(answer_bytes=4 * MiB), free_port()
+    replica, replica_port = Replica(answer_bytes=ANSWER_BYTES), free_port()
     replica.hold.set()
     await replica.listen(replica_port)
     process = await asyncio.create_subprocess_exec(

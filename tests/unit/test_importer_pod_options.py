@@ -13,21 +13,19 @@ from activities.kube import ImporterSettings
 from kama.config import Settings
 from kama.contracts import ObjectRef
 from kama.importer_pod import CA_MOUNT, DEFAULT_RESOURCES, ImporterMounts, ImporterPodOptions
-from kama.temporal_setup import ImporterTemporal
+from kama.importer_protocol import IMPORTER_PORT, TOKEN_ENV
 
-PLAIN_TEMPORAL = ImporterTemporal(address="temporal:7233", namespace="default")
 CACHE_ONLY = ImporterMounts(cache_claim="cache")
 
 
 def created_importer_pod(
     options: ImporterPodOptions,
     *,
-    connection: ImporterTemporal = PLAIN_TEMPORAL,
     mounts: ImporterMounts = CACHE_ONLY,
 ) -> dict[str, Any]:
     """The pod body the worker sends the API server for one import."""
-    settings = ImporterSettings(image="kama:dev", temporal=connection, options=options)
-    ref = ObjectRef(namespace="team-a", name="llama", uid="u-1", cluster=connection.cluster)
+    settings = ImporterSettings(image="kama:dev", options=options)
+    ref = ObjectRef(namespace="team-a", name="llama", uid="u-1")
     return settings.pod_manifest(
         name="llama-import-1", owner=ref, operation_id="op-1", mounts=mounts
     )
@@ -66,7 +64,7 @@ def test_resources_proxy_env_and_ca_bundle_reach_the_importer_pod() -> None:
     assert env["HTTPS_PROXY"] == "http://proxy.corp:3128"
     assert env["NO_PROXY"] == {"configMapKeyRef": {"name": "p", "key": "n"}}
     assert env["SSL_CERT_FILE"] == f"{CA_MOUNT}/ca.crt"
-    assert env["TEMPORAL_ADDRESS"] == "temporal:7233", "Kama's own entries are kept"
+    assert env["KAMA_HF_ENDPOINT"] == "https://huggingface.co", "Kama's own entries are kept"
     [volume] = [v for v in pod["spec"]["volumes"] if "configMap" in v]
     assert volume["configMap"] == {
         "name": "corp-ca",
@@ -132,3 +130,20 @@ def test_a_bad_setting_stops_the_worker_naming_the_variable(
 ) -> None:
     with pytest.raises(ValueError, match=named.replace("[", r"\[").replace("(", r"\(")):
         Settings.from_env({variable: value})
+
+
+def test_an_importer_pod_holds_no_temporal_credential_only_its_own_token() -> None:
+    """Importers run in tenants' namespaces: nothing in the pod reaches Kama's
+    Temporal namespace (no address, certificate or API key, no Secret of Kama's); it
+    serves the worker on its pod IP and answers only the token in its own spec, a
+    new one for every pod."""
+    first, second = (created_importer_pod(ImporterPodOptions()) for _ in range(2))
+    [container] = first["spec"]["containers"]
+    env = env_of(container)
+    assert container["args"] == ["importer"]
+    assert not [name for name in env if name.startswith("TEMPORAL_")]
+    assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert container["ports"] == [{"name": "importer", "containerPort": IMPORTER_PORT}]
+    token = env[TOKEN_ENV]
+    assert len(token) >= 40 and token != env_of(second["spec"]["containers"][0])[TOKEN_ENV]
+    assert [v["name"] for v in first["spec"]["volumes"]] == ["cache"]

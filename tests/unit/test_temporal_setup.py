@@ -1,6 +1,6 @@
 """Kama's Temporal set-up without a server: the search-attribute check and its fix,
 the connection settings' precedence (`KAMA_TEMPORAL_*` over `TEMPORAL_*` over the
-config file), the importer pods' connection, and the cluster identity in every
+config file), and the cluster identity in every
 workflow ID and task queue."""
 
 from __future__ import annotations
@@ -26,15 +26,12 @@ from kama.contracts import (
     verify_workflow_id,
     wake_workflow_id,
 )
-from kama.importer_pod import ImporterPodOptions
 from kama.temporal_setup import (
     create_commands,
-    importer_temporal_env,
     search_attribute_problems,
     search_attribute_report,
 )
-from kamactl.clients import importer_connection, temporal_profile
-from tests.unit.test_importer_pod_options import created_importer_pod
+from kamactl.clients import temporal_profile
 
 ALL = {"KamaKind": T.KEYWORD, "KamaNamespace": T.KEYWORD, "KamaName": T.KEYWORD}
 
@@ -122,68 +119,6 @@ def test_a_profile_and_its_api_key_mean_tls(tmp_path: Path) -> None:
 
 def _env_of(entries: list[dict[str, Any]]) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in entries}
-
-
-def _mtls_env(tmp_path: Path) -> dict[str, str]:
-    return {
-        "TEMPORAL_CONFIG_FILE": str(tmp_path / "absent.toml"),
-        "TEMPORAL_ADDRESS": "temporal.kama-system.svc:7233",
-        "TEMPORAL_NAMESPACE": "kama",
-        "TEMPORAL_TLS": "true",
-        "TEMPORAL_TLS_SERVER_NAME": "temporal.example",
-        "TEMPORAL_TLS_CLIENT_CERT_PATH": "/etc/kama/temporal-tls/tls.crt",
-        "TEMPORAL_TLS_CLIENT_KEY_PATH": "/etc/kama/temporal-tls/tls.key",
-        "TEMPORAL_TLS_SERVER_CA_CERT_PATH": "/certs/our-ca.pem",
-        "KAMA_IMPORTER_TEMPORAL_ADDRESS": "temporal.example:7233",
-        "KAMA_CLUSTER": "prod-eu",
-    }
-
-
-def test_importer_pods_mount_their_credentials_from_the_secret(tmp_path: Path) -> None:
-    env = {**_mtls_env(tmp_path), "KAMA_IMPORTER_TEMPORAL_SECRET": "kama-temporal"}
-    env["TEMPORAL_API_KEY"] = "secret-key"
-    connection = importer_connection(Settings.from_env(env), env=env)
-    pod = created_importer_pod(ImporterPodOptions(), connection=connection)
-    [container] = pod["spec"]["containers"]
-    assert container["args"] == ["importer", "--task-queue", "prod-eu:kama-importer-op-1"]
-    assert _env_of(container["env"]) == {
-        "TEMPORAL_ADDRESS": "temporal.example:7233",  # as pods see it
-        "TEMPORAL_NAMESPACE": "kama",
-        "KAMA_CLUSTER": "prod-eu",
-        "TEMPORAL_TLS": "true",
-        "TEMPORAL_TLS_SERVER_NAME": "temporal.example",
-        "TEMPORAL_TLS_CLIENT_CERT_PATH": "/etc/kama/temporal-tls/tls.crt",
-        "TEMPORAL_TLS_CLIENT_KEY_PATH": "/etc/kama/temporal-tls/tls.key",
-        "TEMPORAL_TLS_SERVER_CA_CERT_PATH": "/etc/kama/temporal-tls/ca.crt",
-        "TEMPORAL_API_KEY": {"secretKeyRef": {"name": "kama-temporal", "key": "api-key"}},
-        "KAMA_HF_ENDPOINT": "https://huggingface.co",
-    }
-    [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == "temporal-tls"]
-    assert volume["secret"]["secretName"] == "kama-temporal"
-    assert [i["key"] for i in volume["secret"]["items"]] == ["tls.crt", "tls.key", "ca.crt"]
-    assert {"name": "temporal-tls", "mountPath": "/etc/kama/temporal-tls", "readOnly": True} in (
-        container["volumeMounts"]
-    )
-    assert "secret-key" not in repr(pod)  # an API key never goes into a pod spec
-
-
-def test_without_a_secret_importers_get_the_workers_paths_and_no_api_key(tmp_path: Path) -> None:
-    env = {**_mtls_env(tmp_path), "TEMPORAL_API_KEY": "secret-key"}
-    connection = importer_connection(Settings.from_env(env), env=env)
-    env_vars = _env_of(importer_temporal_env(connection))
-    assert env_vars["TEMPORAL_TLS_SERVER_CA_CERT_PATH"] == "/certs/our-ca.pem"
-    assert "TEMPORAL_API_KEY" not in env_vars
-    assert "secret-key" not in repr(env_vars)
-
-
-def test_importers_of_a_plain_connection_get_address_and_namespace_only(tmp_path: Path) -> None:
-    env = {"TEMPORAL_CONFIG_FILE": str(tmp_path / "absent.toml"), "KAMA_TEMPORAL_ADDRESS": "t:1"}
-    connection = importer_connection(Settings.from_env(env), env=env)
-    assert _env_of(importer_temporal_env(connection)) == {
-        "TEMPORAL_ADDRESS": "t:1",
-        "TEMPORAL_NAMESPACE": "default",
-        "KAMA_CLUSTER": "",
-    }
 
 
 # cluster identity ------------------------------------------------------------------

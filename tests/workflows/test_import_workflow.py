@@ -1,12 +1,11 @@
 """ImportWorkflow on the real Temporal dev server: a model on the local Hub is
-resolved, downloaded on the importer's queue, verified and published once; broken
+resolved, downloaded on the importer's queue (relayed by the worker to the importer's server), verified and published once; broken
 transfers resume, bad sources and bad bytes fail with typed errors."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,13 +15,17 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Replayer, Worker
 
+from activities.importer_relay import ImporterPodAddress, ImporterRelay, result_types
 from activities.models import HuggingFaceSource
 from kama.cache_layout import READY_NAME, Manifest
+from kamactl.importer_server import serve_importer
 from kamactl.worker import importer_activities
 from kamadev.gguf_factory import ModelShape, write_bad_magic, write_model, write_shards
 from kamadev.hub import Fault, HubFixture
 from workflows.import_model import ImportInput, ImportResult, ImportWorkflow
 from workflows.verify_model import VerifyInput, VerifyWorkflow
+
+TOKEN = "importer-token"
 
 
 @dataclass
@@ -33,24 +36,37 @@ class Workers:
 
 @pytest.fixture
 async def workers(temporal_client: Client, hub: HubFixture) -> AsyncIterator[Workers]:
+    """The control worker, and the importer as in a cluster: `kama importer`'s server
+    (on loopback here, on its pod IP there) with the worker relaying the operation's
+    task queue to it."""
     queues = Workers(
         control_queue=f"control-{uuid.uuid4().hex[:8]}",
         importer_queue=f"importer-{uuid.uuid4().hex[:8]}",
     )
-    with httpx.Client(timeout=30) as http, ThreadPoolExecutor(max_workers=8) as pool:
-        control = Worker(
-            temporal_client,
-            task_queue=queues.control_queue,
-            workflows=[ImportWorkflow, VerifyWorkflow],
+    with httpx.Client(timeout=30) as http:
+        functions = importer_activities(http=http, hf_endpoint=hub.url)
+        server = serve_importer(host="127.0.0.1", port=0, functions=functions, token=TOKEN)
+        pod = ImporterPodAddress(
+            namespace="models",
+            name="importer",
+            url=f"http://127.0.0.1:{server.server_address[1]}",
+            token=TOKEN,
         )
-        importer = Worker(
-            temporal_client,
-            task_queue=queues.importer_queue,
-            activities=importer_activities(http=http, hf_endpoint=hub.url),
-            activity_executor=pool,
-        )
-        async with control, importer:
-            yield queues
+        try:
+            async with httpx.AsyncClient() as relay_http:
+                relay = ImporterRelay(http=relay_http, pod=pod, results=result_types(functions))
+                control = Worker(
+                    temporal_client,
+                    task_queue=queues.control_queue,
+                    workflows=[ImportWorkflow, VerifyWorkflow],
+                )
+                importer = Worker(
+                    temporal_client, task_queue=queues.importer_queue, activities=[relay.relay]
+                )
+                async with control, importer:
+                    yield queues
+        finally:
+            server.shutdown()
 
 
 async def run_import(
