@@ -60,7 +60,14 @@ from kama.api import GROUP, MODELACCESSKEY_PLURAL, VERSION
 from kama.config import Settings
 from kama.contracts import DEPLOYMENTS
 from kama.serving_pod import ROLE_LABEL, SERVER_ROLE
-from watcher.watch import WatchHealth, WatchTarget, kama_objects, labelled_pods, start_watch
+from watcher.watch import (
+    WatchHealth,
+    WatchTarget,
+    in_namespaces,
+    kama_objects,
+    labelled_pods,
+    start_watch,
+)
 
 log = logging.getLogger("kama.gateway")
 
@@ -112,32 +119,38 @@ def start_watches(
     access: AccessControl,
     health: WatchHealth,
     stop: threading.Event,
-    namespace: str | None,
+    namespaces: tuple[str, ...],
 ) -> None:
     """The registry's two informers, ModelDeployments and serving pods, and the API
     keys' (ModelAccessKeys, unless authentication is disabled), in the watched
-    namespace or all, applied on the event loop (a re-list after an outage also
+    namespaces or all, applied on the event loop (a re-list after an outage also
     reports what vanished meanwhile). Readiness waits for every one to list, so the
     gateway does not refuse keys it has not read yet."""
     loop = asyncio.get_running_loop()
     custom = k8s.CustomObjectsApi(api)
-    deployments = kama_objects(
-        custom=custom, group=GROUP, version=VERSION, plural=DEPLOYMENTS, namespace=namespace
+
+    def custom_objects(plural: str) -> list[WatchTarget]:
+        return in_namespaces(
+            lambda namespace: kama_objects(
+                custom=custom, group=GROUP, version=VERSION, plural=plural, namespace=namespace
+            ),
+            namespaces=namespaces,
+        )
+
+    pods = in_namespaces(
+        lambda namespace: labelled_pods(
+            api=api, selector=f"{ROLE_LABEL}={SERVER_ROLE}", namespace=namespace
+        ),
+        namespaces=namespaces,
     )
-    pods = labelled_pods(api=api, selector=f"{ROLE_LABEL}={SERVER_ROLE}", namespace=namespace)
     informers: list[tuple[WatchTarget, Callable[[str, dict[str, Any]], None]]] = [
-        (deployments, registry.apply_deployment),
-        (pods, registry.apply_pod),
+        *((target, registry.apply_deployment) for target in custom_objects(DEPLOYMENTS)),
+        *((target, registry.apply_pod) for target in pods),
     ]
     if access.enabled:
-        keys = kama_objects(
-            custom=custom,
-            group=GROUP,
-            version=VERSION,
-            plural=MODELACCESSKEY_PLURAL,
-            namespace=namespace,
-        )
-        informers.append((keys, access.apply_key))
+        informers += [
+            (target, access.apply_key) for target in custom_objects(MODELACCESSKEY_PLURAL)
+        ]
     for target, apply in informers:
 
         def on_object(
@@ -282,7 +295,7 @@ def create_app(
                 access=access,
                 health=health,
                 stop=stop,
-                namespace=settings.watch_namespace,
+                namespaces=settings.tenancy.watch_namespaces,
             )
             me = gateway_identity()
             background = [

@@ -62,7 +62,6 @@ class Settings:
     importer_image: str = DEFAULT_IMPORTER_IMAGE
     # resources, extra env and CA bundle of importer pods (KAMA_IMPORTER_RESOURCES, ...)
     importer_pod: ImporterPodOptions = field(default_factory=ImporterPodOptions)
-    watch_namespace: str | None = None  # None: all namespaces
     # what tenants may ask for: served namespaces, node selector and toleration keys
     tenancy: TenancyPolicy = field(default_factory=TenancyPolicy)
     runtime_image: str = DEFAULT_IMPORTER_IMAGE  # serving pods run `kama runtime` from it
@@ -101,7 +100,6 @@ class Settings:
             hf_endpoint=env.get("KAMA_HF_ENDPOINT", defaults.hf_endpoint),
             importer_image=env.get("KAMA_IMPORTER_IMAGE", defaults.importer_image),
             importer_pod=ImporterPodOptions.from_env(env),
-            watch_namespace=env.get("KAMA_WATCH_NAMESPACE") or None,
             tenancy=TenancyPolicy(
                 watch_namespaces=parse_namespaces(env.get("KAMA_WATCH_NAMESPACE")),
                 node_selector_keys=parse_key_list(

@@ -18,7 +18,14 @@ from kama.serving_pod import ROLE_LABEL, SERVER_ROLE
 from watcher.dependents import DeploymentSignals
 from watcher.metrics import WatcherMetrics
 from watcher.nudge import ARTIFACT, CACHE, DEPLOYMENT, EntityKind, Nudger
-from watcher.watch import WatchHealth, WatchTarget, kama_objects, labelled_pods, start_watch
+from watcher.watch import (
+    WatchHealth,
+    WatchTarget,
+    in_namespaces,
+    kama_objects,
+    labelled_pods,
+    start_watch,
+)
 
 log = logging.getLogger("kama.watcher")
 
@@ -30,16 +37,23 @@ Handler = Callable[[str, dict[str, Any]], Awaitable[None]]
 def watch_targets(
     *, settings: Settings, api: k8s.ApiClient, custom: k8s.CustomObjectsApi
 ) -> list[WatchTarget]:
-    namespace = settings.watch_namespace
-    return [
-        *(
-            kama_objects(
-                custom=custom, group=GROUP, version=VERSION, plural=e.plural, namespace=namespace
+    namespaces = settings.tenancy.watch_namespaces
+    targets: list[WatchTarget] = []
+    for entity in (ARTIFACT, CACHE, DEPLOYMENT):
+
+        def objects(namespace: str | None, plural: str = entity.plural) -> WatchTarget:
+            return kama_objects(
+                custom=custom, group=GROUP, version=VERSION, plural=plural, namespace=namespace
             )
-            for e in (ARTIFACT, CACHE, DEPLOYMENT)
+
+        targets += in_namespaces(objects, namespaces=namespaces)
+    targets += in_namespaces(
+        lambda namespace: labelled_pods(
+            api=api, selector=f"{ROLE_LABEL}={SERVER_ROLE}", namespace=namespace
         ),
-        labelled_pods(api=api, selector=f"{ROLE_LABEL}={SERVER_ROLE}", namespace=namespace),
-    ]
+        namespaces=namespaces,
+    )
+    return targets
 
 
 def counted_nudge(*, nudger: Nudger, entity: EntityKind, metrics: WatcherMetrics) -> Handler:

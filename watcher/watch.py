@@ -49,9 +49,15 @@ OnObject = Callable[[str, dict[str, Any]], None]
 class WatchTarget:
     """One collection to watch: a list function of the kubernetes client and its kwargs."""
 
-    name: str
+    name: str  # what is watched (a plural, "pods"), what handlers are chosen by
     list_fn: Callable[..., Any]
     kwargs: dict[str, Any]
+
+    @property
+    def label(self) -> str:
+        """The name, with the namespace when one is watched (unique per watch loop)."""
+        namespace = self.kwargs.get("namespace")
+        return f"{self.name}@{namespace}" if namespace else self.name
 
 
 class Gone(Exception):
@@ -158,7 +164,7 @@ class _Loop:
                     version = self._watch_once(version=version)
             except Gone:
                 self.health.restarted(reason="gone")
-                log.info("%s: resourceVersion expired, re-listing", self.target.name)
+                log.info("%s: resourceVersion expired, re-listing", self.target.label)
             except ConsumerFailed:
                 raise
             except Exception as exc:  # any failure: back off, then list again
@@ -172,11 +178,11 @@ class _Loop:
             self.health.failing_since = time.monotonic()
         self.health.last_error = f"{type(exc).__name__}: {exc}"[:300]
         if isinstance(exc, k8s.ApiException) and exc.status == 404:
-            log.info("%s: not served yet (CRD missing?), retrying", self.target.name)
+            log.info("%s: not served yet (CRD missing?), retrying", self.target.label)
         else:
             log.warning(
                 "%s: watch failed (%s), re-listing in %.1fs",
-                self.target.name,
+                self.target.label,
                 self.health.last_error,
                 backoff,
             )
@@ -185,11 +191,11 @@ class _Loop:
         try:
             self.on_object(kind, obj)
         except Exception as exc:
-            raise ConsumerFailed(f"{self.target.name}: handling {kind} failed") from exc
+            raise ConsumerFailed(f"{self.target.label}: handling {kind} failed") from exc
 
     def _ok(self) -> None:
         if self.health.failing_since is not None:
-            log.info("%s: watching again", self.target.name)
+            log.info("%s: watching again", self.target.label)
         self.health.failing_since = None
         self.health.last_error = None
 
@@ -244,7 +250,7 @@ def run_watch(
     *, target: WatchTarget, on_object: OnObject, stop: threading.Event, health: WatchHealth
 ) -> None:
     """Watch `target` until `stop`; never returns early on an error."""
-    _Loop(target=target, on_object=on_object, stop=stop, health=health.track(target.name)).run()
+    _Loop(target=target, on_object=on_object, stop=stop, health=health.track(target.label)).run()
 
 
 def _exit_now(code: int) -> None:
@@ -262,14 +268,14 @@ def start_watch(
 ) -> threading.Thread:
     """Run the watch in a daemon thread; if the loop ever ends other than by `stop`,
     mark it dead and take the process down."""
-    tracked = health.track(target.name)
+    tracked = health.track(target.label)
     exit_process = exit_process or _exit_now
 
     def guarded() -> None:
         try:
             run_watch(target=target, on_object=on_object, stop=stop, health=health)
         except BaseException:
-            log.exception("%s: watch loop died; exiting so the process restarts", target.name)
+            log.exception("%s: watch loop died; exiting so the process restarts", target.label)
             tracked.alive = False
             exit_process(WATCH_DIED_EXIT_CODE)
             return
@@ -277,7 +283,7 @@ def start_watch(
             tracked.alive = False
             exit_process(WATCH_DIED_EXIT_CODE)
 
-    thread = threading.Thread(target=guarded, name=f"watch-{target.name}", daemon=True)
+    thread = threading.Thread(target=guarded, name=f"watch-{target.label}", daemon=True)
     thread.start()
     return thread
 
@@ -313,3 +319,12 @@ def as_dicts(api: k8s.ApiClient, list_fn: Callable[..., Any]) -> Callable[..., A
         return result if kwargs.get("watch") else api.sanitize_for_serialization(result)
 
     return call
+
+
+def in_namespaces(
+    make: Callable[[str | None], WatchTarget], *, namespaces: tuple[str, ...]
+) -> list[WatchTarget]:
+    """One watch per served namespace, or one over all namespaces (`namespaces` empty)."""
+    if not namespaces:
+        return [make(None)]
+    return [make(namespace) for namespace in namespaces]

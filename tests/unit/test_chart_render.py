@@ -107,7 +107,7 @@ def test_crds_are_the_generated_ones_kept_on_uninstall(helm: tuple[Path, dict[st
         (("--set", "gateway.replica=2"), "additional properties 'replica' not allowed"),
         (("--set", "imagess.kama.tag=x"), "additional properties 'imagess' not allowed"),
         (("--set", "temporal.address=temporal"), "does not match pattern"),
-        (("--set", "watchNamespaces={a,b}"), "maxItems"),
+        (("--set", "watchNamespaces={a,a}"), "unique"),
         (("--set", "images.kama.digest=sha256:nothex"), "does not match pattern"),
         (("--set", "gateway.port=0"), "minimum"),
         (("--set", "image.pullPolicy=Sometimes"), "value must be one of"),
@@ -223,11 +223,19 @@ def test_rbac_is_least_privilege_in_both_modes(helm: tuple[Path, dict[str, str]]
         assert verbs_on(worker, resource) == {"get"}
 
 
-def test_namespaced_mode_sets_the_watch_namespace(helm: tuple[Path, dict[str, str]]) -> None:
-    docs = render(helm, *EVAL, "--set", "watchNamespaces={team-a}")
+def test_namespaced_mode_sets_the_watch_namespaces(helm: tuple[Path, dict[str, str]]) -> None:
+    docs = render(helm, *EVAL, "--set", "watchNamespaces={team-a,team-b}")
     for name in ("kama-worker", "kama-watcher", "kama-gateway"):
         container = named(docs, "Deployment", name)["spec"]["template"]["spec"]["containers"][0]
-        assert env_of(container)["KAMA_WATCH_NAMESPACE"] == "team-a"
+        assert env_of(container)["KAMA_WATCH_NAMESPACE"] == "team-a,team-b"
+        settings = Settings.from_env(env_of(container))
+        assert settings.tenancy.watch_namespaces == ("team-a", "team-b")
+    worker_roles = [
+        doc["metadata"]["namespace"]
+        for doc in of_kind(docs, "Role")
+        if doc["metadata"]["name"] == "kama-worker"
+    ]
+    assert sorted(worker_roles) == ["team-a", "team-b"]
 
 
 def test_temporal_connection_reaches_every_process(helm: tuple[Path, dict[str, str]]) -> None:

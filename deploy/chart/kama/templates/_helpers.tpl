@@ -125,9 +125,13 @@ worker the importer image into importer pods: every process gets both */}}
   value: {{ include "kama.image" (dict "root" . "image" .Values.images.kama) | quote }}
 - name: KAMA_RUNTIME_IMAGE
   value: {{ include "kama.image" (dict "root" . "image" .Values.images.llamaServer) | quote }}
+- name: KAMA_ALLOWED_NODE_SELECTOR_KEYS
+  value: {{ join "," .Values.tenancy.allowedNodeSelectorKeys | quote }}
+- name: KAMA_ALLOWED_TOLERATION_KEYS
+  value: {{ join "," .Values.tenancy.allowedTolerationKeys | quote }}
 {{- with .Values.watchNamespaces }}
 - name: KAMA_WATCH_NAMESPACE
-  value: {{ first . | quote }}
+  value: {{ join "," . | quote }}
 {{- end }}
 {{- end -}}
 
