@@ -156,13 +156,13 @@ class ServingPodActivities:
         self,
         *,
         api: k8s.ApiClient,
-        runtime_image: str,
+        runtime_images: frozenset[str],
         tenancy: TenancyPolicy | None = None,
     ) -> None:
         self.api = api
         self.core = k8s.CoreV1Api(api)
         self.custom = k8s.CustomObjectsApi(api)
-        self.runtime_image = runtime_image
+        self.runtime_images = runtime_images
         self.tenancy = tenancy or TenancyPolicy()
 
     @activity.defn(name="Read artifact and nodes")
@@ -223,13 +223,14 @@ class ServingPodActivities:
     def _check_template(
         self, *, ref: ObjectRef, deployment: dict[str, Any], template: ServingTemplate
     ) -> None:
-        """ForgedRequest unless the template runs the configured runtime image, mounts
+        """ForgedRequest unless the template runs a configured runtime image, mounts
         the claim and directory its artifact is served from, and asks only for nodes
         the operator lets tenants choose (PlacementNotAllowed otherwise)."""
-        if template.image != self.runtime_image:
+        if template.image not in self.runtime_images:
+            allowed = ", ".join(sorted(self.runtime_images))
             raise ForgedRequest(
-                f"serving template image {template.image!r} is not the configured runtime "
-                f"image {self.runtime_image!r}"
+                f"serving template image {template.image!r} is not a configured runtime "
+                f"image ({allowed})"
             )
         refusals = self.tenancy.placement_refusals(
             node_selector=template.node_selector, tolerations=template.tolerations

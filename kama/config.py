@@ -65,6 +65,9 @@ class Settings:
     # what tenants may ask for: served namespaces, node selector and toleration keys
     tenancy: TenancyPolicy = field(default_factory=TenancyPolicy)
     runtime_image: str = DEFAULT_IMPORTER_IMAGE  # serving pods run `kama runtime` from it
+    # earlier runtime images that deployments started before an upgrade still create
+    # replicas of (KAMA_ALLOWED_RUNTIME_IMAGES; the chart's admissionPolicy.extraImages)
+    previous_runtime_images: tuple[str, ...] = ()
     health_port: int = DEFAULT_HEALTH_PORT  # the watcher's /healthz and /readyz
     health_host: str = "0.0.0.0"  # in a pod: its own IP (the chart passes status.podIP)
     # Prometheus /metrics of the worker and the watcher, on health_host; None: not served
@@ -82,6 +85,11 @@ class Settings:
     def __post_init__(self) -> None:
         if problem := cluster_name_problem(self.cluster):
             raise ValueError(problem)
+
+    @property
+    def runtime_images(self) -> frozenset[str]:
+        """The images serving pods may run: the configured one and the previous ones."""
+        return frozenset({self.runtime_image, *self.previous_runtime_images})
 
     @property
     def control_task_queue(self) -> str:
@@ -111,6 +119,9 @@ class Settings:
             ),
             runtime_image=env.get("KAMA_RUNTIME_IMAGE")
             or env.get("KAMA_IMPORTER_IMAGE", defaults.runtime_image),
+            previous_runtime_images=tuple(
+                sorted(parse_key_list(env.get("KAMA_ALLOWED_RUNTIME_IMAGES"), default=()))
+            ),
             health_port=int(env.get("KAMA_HEALTH_PORT", defaults.health_port)),
             health_host=env.get("KAMA_HEALTH_HOST") or defaults.health_host,
             metrics_port=_port(env.get("KAMA_METRICS_PORT")),

@@ -74,7 +74,7 @@ async def run_worker(settings: Settings) -> None:
     )
     progress = ProgressActivities(client=client)
     serving = ServingPodActivities(
-        api=api, runtime_image=settings.runtime_image, tenancy=settings.tenancy
+        api=api, runtime_images=settings.runtime_images, tenancy=settings.tenancy
     )
     keda = KedaActivities(api=api, scaler_address=settings.keda_scaler_address)
     llama = LlamaServerActivities(

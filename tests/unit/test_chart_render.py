@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from kama.config import Settings
+from kama.importer_pod import IMPORTER_ROLE
 from kama.serving_pod import MANAGED_BY_LABEL, ROLE_LABEL, SERVER_ROLE
 from kamadev.binaries import REPO_ROOT, ensure_helm
 from tests.unit.test_importer_pod_options import created_importer_pod
@@ -87,6 +88,7 @@ def test_crds_are_the_generated_ones_kept_on_uninstall(helm: tuple[Path, dict[st
         set(crds)
         == set(generated)
         == {
+            "modelaccesskeys.kama.dev",
             "modelartifacts.kama.dev",
             "modelcaches.kama.dev",
             "modeldeployments.kama.dev",
@@ -107,7 +109,7 @@ def test_crds_are_the_generated_ones_kept_on_uninstall(helm: tuple[Path, dict[st
         (("--set", "gateway.replica=2"), "additional properties 'replica' not allowed"),
         (("--set", "imagess.kama.tag=x"), "additional properties 'imagess' not allowed"),
         (("--set", "temporal.address=temporal"), "does not match pattern"),
-        (("--set", "watchNamespaces={a,a}"), "unique"),
+        (("--set", "watchNamespaces={a,a}"), "are equal"),
         (("--set", "images.kama.digest=sha256:nothex"), "does not match pattern"),
         (("--set", "gateway.port=0"), "minimum"),
         (("--set", "image.pullPolicy=Sometimes"), "value must be one of"),
@@ -201,7 +203,7 @@ def test_rbac_is_least_privilege_in_both_modes(helm: tuple[Path, dict[str, str]]
                 assert "*" not in rule["verbs"] and "*" not in rule["resources"], component
                 assert "secrets" not in rule["resources"], component
                 assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
-        assert verbs_on(rules["worker"], "pods") == {"create", "delete", "list", "patch"}
+        assert verbs_on(rules["worker"], "pods") == {"create", "delete", "get", "list", "patch"}
         assert verbs_on(rules["worker"], "nodes") == {"list"}
         assert verbs_on(rules["watcher"], "pods") == {"list", "watch"}
         assert verbs_on(rules["watcher"], "modelartifacts") == {"list", "watch", "patch"}
@@ -477,7 +479,7 @@ def test_admission_policy_fences_the_workers_pods(helm: tuple[Path, dict[str, st
             assert field in expression, (words, field)
     # the labels every pod the worker creates carries
     labels = rule_for(policy, "labels")["expression"]
-    for text in (MANAGED_BY_LABEL, "'kama'", ROLE_LABEL, f"'{SERVER_ROLE}'", "'importer'"):
+    for text in (MANAGED_BY_LABEL, "'kama'", ROLE_LABEL, f"'{SERVER_ROLE}'", f"'{IMPORTER_ROLE}'"):
         assert text in labels, (text, labels)
     # cluster-wide: no namespace rule
     assert not [m for m in messages if "watched namespaces" in m]
@@ -518,9 +520,10 @@ def peers_on(policy: Doc, port: str) -> list[Doc] | None:
 
 
 def test_network_policies_are_on_by_default(helm: tuple[Path, dict[str, str]]) -> None:
-    """Temporal's frontend only from the release's worker, watcher and gateway and (for
-    now) importer pods; its Web UI from no pod; serving pods of every watched namespace
-    only from the gateway and the worker."""
+    """Temporal's frontend only from the release's worker, watcher and gateway (no
+    importer, no tenant pod); its Web UI from no pod; in every watched namespace the
+    serving pods only from the gateway and the worker, the importer pods only from the
+    worker."""
     docs = render(helm, *EVAL)
     policies = {
         (d["metadata"]["namespace"], d["metadata"]["name"]): d
@@ -531,64 +534,61 @@ def test_network_policies_are_on_by_default(helm: tuple[Path, dict[str, str]]) -
     }
     temporal = policies[("kama-system", "kama-temporal")]
     assert peers_on(temporal, "ui") is None
-    components, importers = peers_on(temporal, "grpc") or []
+    [components] = peers_on(temporal, "grpc") or []
     assert "namespaceSelector" not in components  # the release namespace only
     assert components["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == "kama"
     assert components["podSelector"]["matchExpressions"] == [
         {"key": "app.kubernetes.io/component", "operator": "In",
          "values": ["gateway", "watcher", "worker"]}
     ]  # fmt: skip
-    assert importers["podSelector"]["matchLabels"][ROLE_LABEL] == "importer"
-    assert importers["namespaceSelector"] == {}  # cluster-wide: any namespace's importers
 
-    # namespaced: importers of the watched namespace only; its serving pods fenced
-    docs = render(helm, *EVAL, "--set", "watchNamespaces={team-a}")
-    temporal = named(docs, "NetworkPolicy", "kama-temporal")
-    _, importers = peers_on(temporal, "grpc") or []
-    assert importers["namespaceSelector"]["matchExpressions"] == [
-        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a"]}
-    ]
-    [serving] = [
-        d for d in of_kind(docs, "NetworkPolicy") if d["metadata"]["namespace"] == "team-a"
-    ]
-    assert serving["spec"]["podSelector"] == {"matchLabels": {ROLE_LABEL: SERVER_ROLE}}
-    [rule] = serving["spec"]["ingress"]
-    assert "ports" not in rule  # llama-server and the supervisor
-    [peer] = rule["from"]
-    assert peer["namespaceSelector"] == {
-        "matchLabels": {"kubernetes.io/metadata.name": "kama-system"}
+    docs = render(helm, *EVAL, "--set", "watchNamespaces={team-a,team-b}")
+    tenant = {
+        (d["metadata"]["namespace"], d["metadata"]["name"]): d
+        for d in of_kind(docs, "NetworkPolicy")
+        if d["metadata"]["namespace"] != "kama-system"
     }
+    assert set(tenant) == {
+        (ns, f"kama-{pods}-pods") for ns in ("team-a", "team-b") for pods in ("serving", "importer")
+    }
+    from_release = {"matchLabels": {"kubernetes.io/metadata.name": "kama-system"}}
+    serving = tenant[("team-a", "kama-serving-pods")]["spec"]
+    assert serving["podSelector"] == {"matchLabels": {ROLE_LABEL: SERVER_ROLE}}
+    [rule] = serving["ingress"]
+    [peer] = rule["from"]
+    assert peer["namespaceSelector"] == from_release
     assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == "kama"
     assert peer["podSelector"]["matchExpressions"][0]["values"] == ["gateway", "worker"]
+    importer = tenant[("team-b", "kama-importer-pods")]["spec"]
+    assert importer["podSelector"] == {"matchLabels": {ROLE_LABEL: IMPORTER_ROLE}}
+    [rule] = importer["ingress"]
+    [peer] = rule["from"]
+    assert peer["namespaceSelector"] == from_release
+    assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "worker"
+    assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == "kama"
 
 
 def test_network_policy_values(helm: tuple[Path, dict[str, str]]) -> None:
-    """servingNamespaces fences serving pods in the cluster-wide mode (once per
-    namespace), importers can be kept off Temporal, the UI opened to named peers, and
-    the whole thing turned off."""
+    """servingNamespaces fences Kama's pods in the cluster-wide mode (once per
+    namespace), the UI opens to named peers only, and the whole thing turns off."""
+
+    def fenced(docs: list[Doc]) -> list[str]:
+        return sorted(
+            d["metadata"]["namespace"]
+            for d in of_kind(docs, "NetworkPolicy")
+            if d["metadata"]["name"] == "kama-serving-pods"
+        )
+
     docs = render(
         helm, *EVAL, "--set", "watchNamespaces={team-a}",
         "--set", "networkPolicy.servingNamespaces={team-a,team-b}",
-        "--set", "networkPolicy.importersReachTemporal=false",
         "--set", "networkPolicy.temporalUIFrom[0].podSelector.matchLabels.role=ops",
     )  # fmt: skip
-    serving = sorted(
-        d["metadata"]["namespace"]
-        for d in of_kind(docs, "NetworkPolicy")
-        if d["metadata"]["name"] == "kama-serving-pods"
-    )
-    assert serving == ["team-a", "team-b"]
+    assert fenced(docs) == ["team-a", "team-b"]
     temporal = named(docs, "NetworkPolicy", "kama-temporal")
-    assert len(peers_on(temporal, "grpc") or []) == 1
     assert peers_on(temporal, "ui") == [{"podSelector": {"matchLabels": {"role": "ops"}}}]
-    wide = render(helm, *EVAL, "--set", "networkPolicy.servingNamespaces={team-c}")
-    assert [
-        d["metadata"]["namespace"]
-        for d in of_kind(wide, "NetworkPolicy")
-        if d["metadata"]["name"] == "kama-serving-pods"
-    ] == ["team-c"]
+    assert fenced(render(helm, *EVAL, "--set", "networkPolicy.servingNamespaces={team-c}")) == [
+        "team-c"
+    ]
     assert not of_kind(render(helm, *EVAL, "--set", "networkPolicy.enabled=false"), "NetworkPolicy")
     assert "pattern" in refused(helm, *EVAL, "--set", "networkPolicy.servingNamespaces={Team_A}")
-    assert "importersReachTemporal" in refused(
-        helm, *EVAL, "--set", "networkPolicy.importersReachTemporal=maybe"
-    )

@@ -125,6 +125,8 @@ worker the importer image into importer pods: every process gets both */}}
   value: {{ include "kama.image" (dict "root" . "image" .Values.images.kama) | quote }}
 - name: KAMA_RUNTIME_IMAGE
   value: {{ include "kama.image" (dict "root" . "image" .Values.images.llamaServer) | quote }}
+- name: KAMA_ALLOWED_RUNTIME_IMAGES
+  value: {{ join "," .Values.admissionPolicy.extraImages | quote }}
 - name: KAMA_ALLOWED_NODE_SELECTOR_KEYS
   value: {{ join "," .Values.tenancy.allowedNodeSelectorKeys | quote }}
 - name: KAMA_ALLOWED_TOLERATION_KEYS
