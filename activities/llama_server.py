@@ -1,7 +1,9 @@
 """llama-server as an external system: how busy a serving pod is, read from its
 `/slots` endpoint (the IP comes from the pod, read by name and checked to be a Kama
 serving pod, never from the activity's input; Kama's worker reaches pod IPs like any
-in-cluster client).
+in-cluster client). When Kama runs with a master serving key, the read carries the
+pod's llama-server API key, derived here from the pod's namespace and controlling
+ModelDeployment (`kama.serving_key`), never passed through a workflow.
 
 A pod is not trusted to answer sanely: the read has a total deadline
 (`SLOTS_READ_DEADLINE_S`, from the request to the answer's last byte, so a pod that
@@ -22,6 +24,7 @@ from kubernetes import client as k8s
 from temporalio import activity
 
 from activities.provenance import kama_pod
+from kama.serving_key import DEPLOYMENT_KIND, bearer, serving_key
 from kama.serving_plan import LLAMA_PORT
 from kama.serving_pod import SERVER_ROLE
 from kama.tenancy import TenancyPolicy
@@ -61,14 +64,21 @@ class PodAnswer:
 
 
 async def read_pod(
-    http: httpx.AsyncClient, url: str, *, deadline_s: float, max_bytes: int
+    http: httpx.AsyncClient,
+    url: str,
+    *,
+    deadline_s: float,
+    max_bytes: int,
+    authorization: str | None = None,
 ) -> PodAnswer:
-    """GET `url`, its whole answer within `deadline_s` and `max_bytes`; PodReadTimeout
-    or PodAnswerTooLarge past them, httpx's errors if the connection fails."""
+    """GET `url` (with `authorization` as its Authorization header, if any), its whole
+    answer within `deadline_s` and `max_bytes`; PodReadTimeout or PodAnswerTooLarge
+    past them, httpx's errors if the connection fails."""
+    headers = IDENTITY if authorization is None else {**IDENTITY, "authorization": authorization}
     try:
         async with (
             asyncio.timeout(deadline_s),
-            http.stream("GET", url, headers=IDENTITY, timeout=deadline_s) as response,
+            http.stream("GET", url, headers=headers, timeout=deadline_s) as response,
         ):
             declared = response.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > max_bytes:
@@ -92,8 +102,10 @@ class LlamaServerActivities:
         tenancy: TenancyPolicy | None = None,
         deadline_s: float = SLOTS_READ_DEADLINE_S,
         max_bytes: int = SLOTS_MAX_BYTES,
+        serving_key: str | None = None,
     ) -> None:
         self.http = http
+        self.serving_key = serving_key  # the master key (kama.serving_key); None: no key
         self.core = k8s.CoreV1Api(api)
         self.tenancy = tenancy or TenancyPolicy()
         self.deadline_s = deadline_s
@@ -117,13 +129,32 @@ class LlamaServerActivities:
         if not ip:
             return None
         host = f"[{ip}]" if ":" in ip else ip
-        return await self.count_busy(f"http://{host}:{LLAMA_PORT}/slots")
+        return await self.count_busy(
+            f"http://{host}:{LLAMA_PORT}/slots", key=self._key(request.namespace, pod)
+        )
 
-    async def count_busy(self, url: str) -> int | None:
-        """Busy slots as llama-server's `/slots` at `url` says, within the bounds."""
+    def _key(self, namespace: str, pod: k8s.V1Pod | None) -> str | None:
+        """The pod's llama-server API key: of its controlling ModelDeployment (which
+        `kama_pod` checked it has); None without a master key."""
+        if self.serving_key is None or pod is None or pod.metadata is None:
+            return None
+        for owner in pod.metadata.owner_references or []:
+            if owner.kind == DEPLOYMENT_KIND and owner.controller:
+                return serving_key(
+                    master=self.serving_key, namespace=namespace, deployment_uid=owner.uid
+                )
+        return None
+
+    async def count_busy(self, url: str, *, key: str | None = None) -> int | None:
+        """Busy slots as llama-server's `/slots` at `url` says (asked with `key`, the
+        pod's API key, if any), within the bounds."""
         try:
             answer = await read_pod(
-                self.http, url, deadline_s=self.deadline_s, max_bytes=self.max_bytes
+                self.http,
+                url,
+                deadline_s=self.deadline_s,
+                max_bytes=self.max_bytes,
+                authorization=None if key is None else bearer(key),
             )
         except httpx.TransportError:
             return None

@@ -34,6 +34,7 @@ from kama.serving_pod import (
     serving_pod_manifest,
     serving_selector,
 )
+from kama.serving_key import serving_key, with_serving_key
 from kama.tenancy import TenancyPolicy
 
 PLACEMENT_NOT_ALLOWED = "PlacementNotAllowed"
@@ -151,6 +152,19 @@ def observed_pod(pod: dict[str, Any], *, lost: Collection[str] = ()) -> Observed
     )
 
 
+def keyed_manifest(request: CreatePod, *, master_key: str | None) -> dict[str, Any]:
+    """The Pod `request` asks for, its llama-server requiring the deployment's API key
+    (`kama.serving_key`) when a master key is configured; the key goes into the
+    runtime container's env only, so the fingerprint label stays the template's."""
+    manifest = request.manifest()
+    if master_key is None:
+        return manifest
+    key = serving_key(
+        master=master_key, namespace=request.ref.namespace, deployment_uid=request.ref.uid
+    )
+    return with_serving_key(manifest, key=key)
+
+
 class ServingPodActivities:
     def __init__(
         self,
@@ -158,12 +172,14 @@ class ServingPodActivities:
         api: k8s.ApiClient,
         runtime_images: frozenset[str],
         tenancy: TenancyPolicy | None = None,
+        serving_key: str | None = None,
     ) -> None:
         self.api = api
         self.core = k8s.CoreV1Api(api)
         self.custom = k8s.CustomObjectsApi(api)
         self.runtime_images = runtime_images
         self.tenancy = tenancy or TenancyPolicy()
+        self.serving_key = serving_key  # the master key (kama.serving_key); None: no key
 
     @activity.defn(name="Read artifact and nodes")
     def read_inputs(self, request: InputsRequest) -> DeploymentInputs:
@@ -213,7 +229,7 @@ class ServingPodActivities:
         ref, template = request.ref, request.template
         deployment = live_object(self.custom, policy=self.tenancy, plural=DEPLOYMENTS, ref=ref)
         self._check_template(ref=ref, deployment=deployment, template=template)
-        manifest = request.manifest()
+        manifest = keyed_manifest(request, master_key=self.serving_key)
         target = KubeTarget(
             resource="pods", namespace=ref.namespace, name=manifest["metadata"]["name"]
         )

@@ -256,7 +256,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan() -> AsyncIterator[None]:
         metrics, health = GatewayMetrics(), WatchHealth()
-        registry = ModelRegistry(metrics=metrics)
+        registry = ModelRegistry(metrics=metrics, serving_key=settings.serving_key)
         access = AccessControl(
             metrics=metrics,
             mode=settings.gateway_auth,

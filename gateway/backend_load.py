@@ -4,7 +4,9 @@ polled at a bounded rate (one request per endpoint per interval), minus this
 gateway's own in-flight requests there, which it counts exactly. Only models with two
 or more replicas are polled: with one there is no choice for the load to inform.
 Each poll has a total deadline and a byte cap (`gateway.transport.bounded`): a
-replica that drips its answer costs one poll interval, not the poller."""
+replica that drips its answer costs one poll interval, not the poller. `/metrics`
+requires the replica's llama-server key when Kama has a master key
+(`Endpoint.authorization`)."""
 
 from __future__ import annotations
 
@@ -46,7 +48,15 @@ async def poll_one(http: httpx.AsyncClient, endpoint: Endpoint, *, port: int = L
     before = endpoint.in_flight
     url = f"http://{endpoint.ip}:{port}/metrics"
     try:
-        answer = await read_pod(http, url, deadline_s=POLL_TIMEOUT_S, max_bytes=POLL_MAX_BYTES)
+        answer = await read_pod(
+            http,
+            url,
+            deadline_s=POLL_TIMEOUT_S,
+            max_bytes=POLL_MAX_BYTES,
+            authorization=None
+            if endpoint.authorization is None
+            else endpoint.authorization.decode("latin-1"),
+        )
     except httpx.HTTPError as exc:
         log.debug("polling %s failed: %r", url, exc)
         return

@@ -22,7 +22,13 @@ unfinished upstream answer is closed, which is how llama-server learns to stop
 generating. A replica that fails mid-answer: a JSON answer (not sent yet) is a 502,
 a longer length-framed answer ends short (the client sees the connection close
 early), and an event stream gets a last event in the OpenAI error shape, which
-OpenAI clients raise."""
+OpenAI clients raise.
+
+Only the request headers named in FORWARDED_REQUEST_HEADERS reach a replica: never
+the client's own credentials (`authorization`, `x-api-key`: its key to this
+gateway). With a master serving key, every request to a replica carries that
+replica's llama-server API key instead (`Endpoint.authorization`, see
+`kama.serving_key`)."""
 
 from __future__ import annotations
 
@@ -70,6 +76,15 @@ class Holder(Protocol):
     """What the proxy needs of the wake queue: wait until a model has a replica."""
 
     async def hold_until_ready(self, model: Model) -> None: ...
+
+
+def replica_headers(
+    endpoint: Endpoint, headers: list[tuple[bytes, bytes]]
+) -> list[tuple[bytes, bytes]]:
+    """`headers` and the replica's llama-server key, if it has one."""
+    if endpoint.authorization is None:
+        return headers
+    return [*headers, (b"authorization", endpoint.authorization)]
 
 
 def forwarded_headers(headers: HeaderLookup) -> list[tuple[bytes, bytes]]:
@@ -236,7 +251,7 @@ class Proxy:
                 port=self.replica_port,
                 method=method,
                 target=path,
-                headers=headers,
+                headers=replica_headers(endpoint, headers),
                 body=body,
                 connect_timeout=CONNECT_TIMEOUT_S,
                 read_timeout=READ_TIMEOUT_S,
@@ -290,8 +305,8 @@ class Proxy:
                     host=endpoint.ip,
                     port=self.replica_port,
                     method="GET",
-                    target="/health",
-                    headers=[],
+                    target="/health",  # public in llama-server; the key anyway
+                    headers=replica_headers(endpoint, []),
                     body=b"",
                     connect_timeout=REFUSED_PROBE_TIMEOUT_S,
                     read_timeout=REFUSED_PROBE_TIMEOUT_S,

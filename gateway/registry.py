@@ -15,7 +15,12 @@ A replica takes at most `slots` requests from this gateway (see `gateway.routing
 When every replica of a model is full, `wait_for_slot` queues the request in the
 model's FIFO queue, here where routing sees it; a release hands the freed slot to
 the longest waiting request (which reuses the connection just left idle), so a
-burst goes to whichever replica frees first."""
+burst goes to whichever replica frees first.
+
+With a master serving key, each endpoint carries its llama-server's Authorization
+header value (`kama.serving_key`: derived from the pod's namespace and controlling
+ModelDeployment's uid once, when the pod is placed), which the proxy and the load
+poll send; requests then cost no key derivation."""
 
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ from gateway.metrics import GatewayMetrics, RequestSeries
 from gateway.routing import choose_endpoint
 from kama.autoscaling import DEFAULT_SCALE_DOWN_WINDOW, report_period
 from kama.durations import parse_duration
+from kama.serving_key import bearer, pod_serving_key
 from kama.serving_pod import DEPLOYMENT_LABEL, DRAINING_LABEL
 
 DEFAULT_COLD_START_S = 600.0
@@ -53,6 +59,7 @@ class Endpoint:
     early: bool = False  # confirmed by the supervisor's /readyz before the kubelet said Ready
     unreachable_until: float = 0.0  # a connection timed out: others first until then
     leaving: bool = False  # draining or deleted while requests were in flight here
+    authorization: bytes | None = None  # its llama-server's key, as a header value
 
     def load(self) -> int:
         return self.in_flight + self.others
@@ -161,8 +168,11 @@ class Lease:
 
 
 class ModelRegistry:
-    def __init__(self, *, metrics: GatewayMetrics | None = None) -> None:
+    def __init__(
+        self, *, metrics: GatewayMetrics | None = None, serving_key: str | None = None
+    ) -> None:
         self.metrics = metrics or GatewayMetrics()
+        self.serving_key = serving_key  # the master key (kama.serving_key); None: no key
         self.models: dict[str, Model] = {}
         self.alias_owners: dict[str, str] = {}  # alias -> key of the model it routes to
         self._pods: dict[str, tuple[str, dict[str, Any]]] = {}  # ns/pod -> (model key, pod)
@@ -257,14 +267,14 @@ class ModelRegistry:
             model.starting.pop(name, None)
             ip = pod["status"]["podIP"]
             if current is None or current.ip != ip:
-                model.endpoints[name] = Endpoint(pod=name, ip=ip, slots=_slots(pod))
+                model.endpoints[name] = self._endpoint(pod, ip=ip)
             else:
                 current.early = False
         elif state == "starting" and current is not None and current.early:
             pass  # its supervisor already said ready; the kubelet will catch up
         elif state == "starting":
             model.endpoints.pop(name, None)
-            model.starting[name] = Endpoint(pod=name, ip=pod["status"]["podIP"], slots=_slots(pod))
+            model.starting[name] = self._endpoint(pod, ip=pod["status"]["podIP"])
         else:
             gone = model.endpoints.pop(name, None)
             model.starting.pop(name, None)
@@ -272,6 +282,18 @@ class ModelRegistry:
                 gone.leaving = True  # its drain waits for what this gateway still has there
                 self.notify_drain(model, gone)
         self._update_ready(model)
+
+    def _endpoint(self, pod: dict[str, Any], *, ip: str) -> Endpoint:
+        """A new endpoint for `pod` at `ip`, with its llama-server's key if Kama has a
+        master key (none for a pod without a controlling ModelDeployment)."""
+        authorization = None
+        if self.serving_key is not None:
+            key = pod_serving_key(master=self.serving_key, pod=pod)
+            if key is not None:
+                authorization = bearer(key).encode("latin-1")
+        return Endpoint(
+            pod=pod["metadata"]["name"], ip=ip, slots=_slots(pod), authorization=authorization
+        )
 
     def notify_drain(self, model: Model, endpoint: Endpoint) -> None:
         """Tell the drain of `endpoint`'s pod how many requests this gateway still has

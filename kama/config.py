@@ -81,6 +81,9 @@ class Settings:
     gateway_auth: str = "apikey"
     # KAMA_GATEWAY_CROSS_NAMESPACE_GRANTS: honour ModelAccessKeys' `namespaces`
     gateway_cross_namespace_grants: bool = False
+    # KAMA_SERVING_KEY: the master key of llama-servers' API keys (kama.serving_key),
+    # held by the worker and the gateway; None: serving pods require no key
+    serving_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if problem := cluster_name_problem(self.cluster):
@@ -129,6 +132,7 @@ class Settings:
             keda_scaler_address=env.get("KAMA_KEDA_SCALER_ADDRESS") or None,
             gateway_auth=_gateway_auth(env.get("KAMA_GATEWAY_AUTH")),
             gateway_cross_namespace_grants=_flag(env.get("KAMA_GATEWAY_CROSS_NAMESPACE_GRANTS")),
+            serving_key=(env.get("KAMA_SERVING_KEY") or "").strip() or None,
         )
 
 

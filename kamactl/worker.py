@@ -73,12 +73,23 @@ async def run_worker(settings: Settings) -> None:
         importer_functions=declared,
     )
     progress = ProgressActivities(client=client)
+    if settings.serving_key is None:
+        log.warning(
+            "KAMA_SERVING_KEY is not set: serving pods' llama-server requires no API key, "
+            "so any pod that reaches one can use its model and its admin routes"
+        )
     serving = ServingPodActivities(
-        api=api, runtime_images=settings.runtime_images, tenancy=settings.tenancy
+        api=api,
+        runtime_images=settings.runtime_images,
+        tenancy=settings.tenancy,
+        serving_key=settings.serving_key,
     )
     keda = KedaActivities(api=api, scaler_address=settings.keda_scaler_address)
     llama = LlamaServerActivities(
-        http=httpx.AsyncClient(timeout=LLAMA_PROBE_TIMEOUT_S), api=api, tenancy=settings.tenancy
+        http=httpx.AsyncClient(timeout=LLAMA_PROBE_TIMEOUT_S),
+        api=api,
+        tenancy=settings.tenancy,
+        serving_key=settings.serving_key,
     )
     stop = asyncio.Event()
     _stop_on_signals(asyncio.get_running_loop(), stop)

@@ -25,6 +25,11 @@ llama-server's flags from the plan only, starts llama-server once, and the endpo
 is ready only while llama-server's `/health` is 200 and `/props` reports the expected
 model and slot count. On SIGTERM it stops being ready, waits until no slot is processing
 (up to the plan's drain timeout), then stops llama-server and exits with its code.
+
+llama-server reads its API key from `LLAMA_API_KEY`, which the worker puts into the
+pod's env when Kama has a master serving key (`kama.serving_key`); llama-server
+inherits the supervisor's environment, and the supervisor sends the same key on
+its own calls (`/props`, `/slots`; `/health` is public in llama-server).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from kama.cache_layout import MANIFEST_NAME, READY_NAME, Manifest, ManifestFile
+from kama.serving_key import LLAMA_API_KEY_ENV, bearer
 from kama.serving_plan import (
     ARTIFACT_LAYOUT_ENV,
     IN_PLACE_LAYOUT,
@@ -158,9 +164,17 @@ def check_in_place(*, directory: Path, plan: ServingPlan) -> Manifest:
 
 class Supervisor:
     def __init__(
-        self, *, plan: ServingPlan, host: str, llama_server: str, models_dir: Path
+        self,
+        *,
+        plan: ServingPlan,
+        host: str,
+        llama_server: str,
+        models_dir: Path,
+        api_key: str | None = None,
     ) -> None:
         self.plan = plan
+        # llama-server's key (it reads the same LLAMA_API_KEY from the env it inherits)
+        self.headers = {} if api_key is None else {"Authorization": bearer(api_key)}
         self.host = host
         self.llama_server = llama_server
         self.models_dir = models_dir
@@ -173,7 +187,7 @@ class Supervisor:
         would add a third of a second to every replica's start)."""
         connection = http.client.HTTPConnection(self.host, LLAMA_PORT, timeout=PROBE_TIMEOUT_S)
         try:
-            connection.request("GET", path)
+            connection.request("GET", path, headers=self.headers)
             response = connection.getresponse()
             body = response.read()
         finally:
@@ -298,6 +312,7 @@ def run_runtime() -> int:
         host=host,
         llama_server=os.environ.get(LLAMA_SERVER_ENV, "llama-server"),
         models_dir=models,
+        api_key=os.environ.get(LLAMA_API_KEY_ENV) or None,
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

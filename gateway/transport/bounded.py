@@ -44,14 +44,16 @@ async def read_pod(
     *,
     deadline_s: float,
     max_bytes: int = POD_READ_MAX_BYTES,
+    authorization: str | None = None,
 ) -> PodAnswer:
-    """GET `url`, its whole answer within `deadline_s` and `max_bytes`; PodReadTimeout
-    or PodAnswerTooLarge past them (the connection is then closed), httpx's errors if
-    it fails otherwise."""
+    """GET `url` (with `authorization` as its Authorization header, if any), its whole
+    answer within `deadline_s` and `max_bytes`; PodReadTimeout or PodAnswerTooLarge
+    past them (the connection is then closed), httpx's errors if it fails otherwise."""
+    headers = IDENTITY if authorization is None else {**IDENTITY, "authorization": authorization}
     try:
         async with (
             asyncio.timeout(deadline_s),
-            http.stream("GET", url, headers=IDENTITY, timeout=deadline_s) as response,
+            http.stream("GET", url, headers=headers, timeout=deadline_s) as response,
         ):
             declared = response.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > max_bytes:

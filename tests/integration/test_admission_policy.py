@@ -4,10 +4,11 @@ ServiceAccount submits are admitted only in Kama's shape, whatever the worker wa
 The chart is installed in the namespaced mode with every component at zero replicas (no
 Kama process is needed: the test submits pods itself, impersonating the worker's
 ServiceAccount, whose Role allows creating and patching pods here). Kama's own serving
-pod manifest (kama/serving_pod.py, with the chart's runtime image) is admitted; the same
-pod with one thing changed is refused with the message of the rule it breaks; the same
-hostPath pod from another user is not the policy's business; and a pod the worker
-already made may be relabelled (draining) but not given another image.
+and importer pod manifests (kama/serving_pod.py, kama/importer_pod.py, with the chart's
+images) are admitted; the serving pod with one thing changed is refused with the
+message of the rule it breaks; the same hostPath pod from another user is not the
+policy's business; and a pod the worker already made may be relabelled (draining) but
+not given another image.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from kama.contracts import ObjectRef
+from kama.importer_pod import ImporterMounts, ImporterPodOptions, importer_pod_manifest
 from kama.serving_plan import ServingPlan
 from kama.serving_pod import DRAINING_LABEL, ServingTemplate, serving_pod_manifest
 from kamadev.chart import CHART, RELEASE, helm, local_stack_values
@@ -73,6 +76,26 @@ def kama_pod(namespace: str, name: str) -> Pod:
         template=template, namespace=namespace, deployment="shape", deployment_uid="", ordinal=0
     )
     pod["metadata"]["name"] = name
+    del pod["metadata"]["ownerReferences"]
+    return pod
+
+
+def importer_pod(namespace: str, name: str) -> Pod:
+    """Kama's importer pod manifest with the chart's kama image, without an owner."""
+    options = ImporterPodOptions(ca_configmap="corp-ca")
+    ca = options.ca_volume()
+    assert ca is not None
+    pod = importer_pod_manifest(
+        name=name,
+        owner=ObjectRef(namespace=namespace, name="shape", uid="0"),
+        operation_id="op-1",
+        image=KAMA_IMAGE,
+        token="t" * 32,
+        hf_endpoint="http://hub.invalid",
+        mounts=ImporterMounts(cache_claim="kama-cache-models", token_secret="hf", token_key="k"),
+        extra_volumes=[ca],
+        options=options,
+    )
     del pod["metadata"]["ownerReferences"]
     return pod
 
@@ -174,9 +197,10 @@ def test_worker_pods_are_admitted_only_in_kamas_shape(stack: LocalStack, install
     assert HOST_PATH in stderr, stderr
     assert f"{RELEASE}-{namespace}-worker-pods" in stderr, stderr
 
-    # Kama's own pod is admitted, and so is the hostPath pod from another user
-    accepted, stderr = submit(stack, namespace, kama_pod(namespace, "kama-shaped"))
-    assert accepted, stderr
+    # Kama's own pods are admitted, and so is the hostPath pod from another user
+    for pod in (kama_pod(namespace, "kama-shaped"), importer_pod(namespace, "importer")):
+        accepted, stderr = submit(stack, namespace, pod)
+        assert accepted, f"{pod['metadata']['name']}: {stderr}"
     admin = kubectl(stack, "create", "--dry-run=server", "-f", "-", "-n", namespace,
                     input=json.dumps(hostile), check=False)  # fmt: skip
     assert admin.returncode == 0, admin.stderr
