@@ -25,6 +25,7 @@ from kama.api import GROUP, VERSION
 from kama.contracts import ARTIFACTS, DEPLOYMENTS, ObjectRef
 from kama.deployment_plan import mounted_by_one_node, nodes_holding_claim
 from kama.rollout import ObservedPod
+from kama.serving_key import serving_key, with_serving_key
 from kama.serving_pod import (
     DRAINING_LABEL,
     FINGERPRINT_LABEL,
@@ -34,7 +35,6 @@ from kama.serving_pod import (
     serving_pod_manifest,
     serving_selector,
 )
-from kama.serving_key import serving_key, with_serving_key
 from kama.tenancy import TenancyPolicy
 
 PLACEMENT_NOT_ALLOWED = "PlacementNotAllowed"

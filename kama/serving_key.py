@@ -19,6 +19,11 @@ watches, and a key read from one namespace's pod opens no other namespace's
 model (the namespace is part of what is signed, so a pod that names another
 deployment's uid in its own namespace still gets a key of its own namespace).
 
+A pod keeps the key it was created with: a new master key applies to pods created
+after it, so the running ones are deleted (Kama replaces them) when it changes. A
+pod created without a key (no master key then) requires none, and the gateway's
+header does no harm there. The pod's fingerprint does not include the key.
+
 Never put a key into a workflow's input, output or history: it is computed in
 activities and in the gateway only. Pure: no I/O."""
 

@@ -29,7 +29,7 @@ model and slot count. On SIGTERM it stops being ready, waits until no slot is pr
 llama-server reads its API key from `LLAMA_API_KEY`, which the worker puts into the
 pod's env when Kama has a master serving key (`kama.serving_key`); llama-server
 inherits the supervisor's environment, and the supervisor sends the same key on
-its own calls (`/props`, `/slots`; `/health` is public in llama-server).
+its own calls (`/props` and `/slots` need it; `/health` is public in llama-server).
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ started once for all integration tests and torn down at the end."""
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import sys
 import uuid
@@ -142,14 +143,19 @@ def kama_control(crds: LocalStack, hub: HubFixture) -> Iterator[KamaControl]:
         "KAMA_CONTROL_QUEUE": f"kama-control-{uuid.uuid4().hex[:6]}",
         # where KEDA (kamadev.keda, on this host) calls the session gateway's scaler
         "KAMA_KEDA_SCALER_ADDRESS": f"127.0.0.1:{free_port()}",
+        # the master key of llama-server's API keys (kama/serving_key.py), one per stack:
+        # serving pods require their key, which only the worker and gateway derive
+        "KAMA_SERVING_KEY": secrets.token_urlsafe(32),
     }
+    watcher_env = {k: v for k, v in env.items() if k != "KAMA_SERVING_KEY"}
     control = KamaControl(
         stack=stack,
         hub=hub,
         env=env,
         worker=_kama_process(stack, "worker", env),
-        watcher=_kama_process(stack, "watcher", env),
-        second_watcher=_kama_process(stack, "watcher", env, name="watcher-b"),
+        # as in the chart, the watcher never holds the serving key
+        watcher=_kama_process(stack, "watcher", watcher_env),
+        second_watcher=_kama_process(stack, "watcher", watcher_env, name="watcher-b"),
     )
     try:
         yield control

@@ -81,3 +81,14 @@ def wait_gone(
         timeout=timeout,
         what=what,
     )
+
+
+def serving_headers(pod: dict[str, Any]) -> dict[str, str]:
+    """What a client of the pod's llama-server must send: the per-deployment key the
+    worker put into the pod (`LLAMA_API_KEY`), as a Bearer token; nothing for a pod
+    started without one."""
+    for container in pod["spec"]["containers"]:
+        for entry in container.get("env") or []:
+            if entry.get("name") == "LLAMA_API_KEY" and entry.get("value"):
+                return {"authorization": f"Bearer {entry['value']}"}
+    return {}

@@ -92,7 +92,7 @@ def test_a_direct_artifact_is_served_and_its_claim_is_not_trusted(
     assert args[args.index("--model") + 1] == "/models/tiny.gguf"
     (container,) = pod["spec"]["containers"]
     assert {"name": ARTIFACT_LAYOUT_ENV, "value": IN_PLACE_LAYOUT} in container["env"]
-    assert chat(pod["status"]["podIP"])
+    assert chat(pod)
     logs = kubectl(control.stack, "logs", pod["metadata"]["name"], "-n", namespace).stdout
     assert "verified 1 file(s) in place" in logs
 

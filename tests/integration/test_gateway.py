@@ -35,7 +35,7 @@ from tests.integration.test_serving_plane import (
     wait_md_condition,
     wait_ready,
 )
-from tests.support import apply, eventually, kubectl
+from tests.support import apply, eventually, kubectl, serving_headers
 
 
 def client(gw: GatewayProcess) -> openai.OpenAI:
@@ -130,14 +130,18 @@ def test_openai_and_native_routes(gateway: GatewayProcess, namespace: str, tmp_p
     ) as stream:  # fmt: skip
         lines = stream.iter_lines()
         assert any(line.startswith("data:") for line in [next(lines), next(lines), next(lines)])
-        busy = httpx.get(f"http://{ip}:{LLAMA_PORT}/slots", timeout=5).json()
+        busy = httpx.get(
+            f"http://{ip}:{LLAMA_PORT}/slots", headers=serving_headers(pod), timeout=5
+        ).json()
         assert any(s["is_processing"] for s in busy)
     closed = time.monotonic()
     eventually(
         lambda: (
             not any(
                 s["is_processing"]
-                for s in httpx.get(f"http://{ip}:{LLAMA_PORT}/slots", timeout=5).json()
+                for s in httpx.get(
+                    f"http://{ip}:{LLAMA_PORT}/slots", headers=serving_headers(pod), timeout=5
+                ).json()
             )
         ),
         timeout=10,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -24,7 +25,7 @@ from tests.integration.test_serving_plane import (
     serving_pods,
     wait_ready,
 )
-from tests.support import apply, eventually, get_json
+from tests.support import apply, eventually, get_json, serving_headers
 
 LOSS_TIMEOUT = 150  # the controller-manager's 40 s grace period, then Kama's reaction
 
@@ -33,9 +34,10 @@ def node_named(stack: LocalStack, name: str) -> RealNode:
     return next(n for n in stack.nodes.nodes if n.name == name)
 
 
-def prompt_tokens_served(pod_ip: str) -> float:
+def prompt_tokens_served(pod: dict[str, Any]) -> float:
     """llama-server's own count of prompt tokens it processed (its /metrics)."""
-    text = httpx.get(f"http://{pod_ip}:{LLAMA_PORT}/metrics", timeout=5).text
+    url = f"http://{pod['status']['podIP']}:{LLAMA_PORT}/metrics"
+    text = httpx.get(url, headers=serving_headers(pod), timeout=5).text
     match = re.search(r"^llamacpp:prompt_tokens_total (\S+)$", text, re.MULTILINE)
     assert match, text
     return float(match.group(1))
@@ -74,7 +76,6 @@ def test_a_lost_nodes_replica_is_replaced_and_no_longer_routed(
     before = {p["metadata"]["name"]: p for p in serving_pods(control, namespace, "roaming")}
     victim_pod = sorted(before.values(), key=lambda p: p["spec"]["nodeName"])[-1]
     victim_node = victim_pod["spec"]["nodeName"]
-    victim_ip = victim_pod["status"]["podIP"]
 
     node_named(control.stack, victim_node).kill_kubelet()
 
@@ -87,7 +88,7 @@ def test_a_lost_nodes_replica_is_replaced_and_no_longer_routed(
     eventually(replaced, timeout=LOSS_TIMEOUT, what="the lost replica replaced on another node")
     wait_ready(control, namespace, "roaming", 2)
     # the lost pod's llama-server still answers (only its kubelet died) ...
-    served = prompt_tokens_served(victim_ip)
+    served = prompt_tokens_served(victim_pod)
     api = client(gateway)
     for _ in range(6):
         reply = api.chat.completions.create(
@@ -97,4 +98,4 @@ def test_a_lost_nodes_replica_is_replaced_and_no_longer_routed(
         )
         assert reply.choices[0].message.content is not None
     # ... and the gateway sent it nothing
-    assert prompt_tokens_served(victim_ip) == served
+    assert prompt_tokens_served(victim_pod) == served

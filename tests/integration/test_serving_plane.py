@@ -27,7 +27,7 @@ from kamadev.gguf_factory import ModelShape, write_model
 from kamadev.stack import GPUNode
 from tests.conftest import KamaControl
 from tests.integration.test_artifact_plane import cache, condition, hf_artifact, wait_condition
-from tests.support import apply, events_about, eventually, get_json, kubectl
+from tests.support import apply, events_about, eventually, get_json, kubectl, serving_headers
 from workflows.deployment import DeploymentWorkflow
 from workflows.drain import DrainWorkflow
 from workflows.rollout import RolloutWorkflow
@@ -152,9 +152,11 @@ def wait_ready(control: KamaControl, namespace: str, name: str, replicas: int) -
     )
 
 
-def chat(pod_ip: str) -> str:
+def chat(pod: dict[str, Any]) -> str:
+    """A chat answered by the pod's own llama-server (with the pod's serving key)."""
+    key = serving_headers(pod).get("authorization", "Bearer none").removeprefix("Bearer ")
     client = openai.OpenAI(
-        base_url=f"http://{pod_ip}:{LLAMA_PORT}/v1", api_key="unused", max_retries=0
+        base_url=f"http://{pod['status']['podIP']}:{LLAMA_PORT}/v1", api_key=key, max_retries=0
     )
     reply = client.chat.completions.create(
         model="any", messages=[{"role": "user", "content": "hello"}], max_tokens=8
@@ -232,7 +234,7 @@ def test_cpu_deployment_serves_scales_rolls_out_and_drains(
     assert owner["kind"] == "ModelDeployment" and owner["uid"] == obj["metadata"]["uid"]
     args = pod["metadata"]["annotations"]["kama.dev/llama-server-args"]
     assert "--ctx-size 1024 --parallel 2" in args and "--fit off" in args
-    assert chat(pod["status"]["podIP"])
+    assert chat(pod)
 
     # kubectl scale → two ready pods
     kubectl(control.stack, "scale", "modeldeployment", "chat", "-n", namespace, "--replicas=2")
@@ -258,6 +260,7 @@ def test_cpu_deployment_serves_scales_rolls_out_and_drains(
                     r = http.post(
                         f"http://{pod['status']['podIP']}:{LLAMA_PORT}/v1/completions",
                         json={"prompt": "once upon", "max_tokens": 16},
+                        headers=serving_headers(pod),
                     )
                     outcomes.append(
                         (str(r.status_code), pod["metadata"]["labels"]["kama.dev/fingerprint"])
@@ -378,7 +381,7 @@ def test_killed_llama_server_is_replaced(
     after = eventually(replaced, timeout=SERVE_TIMEOUT, what="a replacement pod", interval=0.5)
     assert after["metadata"]["name"] != before["metadata"]["name"]
     obj = wait_ready(control, namespace, "fragile", 1)
-    assert chat(after["status"]["podIP"])
+    assert chat(after)
     events = events_about(control.stack, namespace, "fragile")
     assert "RuntimeReady" in events
     assert obj["status"]["readyReplicas"] == 1

@@ -55,6 +55,7 @@ def pod(
     draining: bool = False,
     ip: str = "10.0.0.1",
     slots: int = 4,
+    owner_uid: str = "u1",  # its controlling ModelDeployment's (`deployment`'s default)
 ) -> dict[str, Any]:
     plan = ServingPlan(
         entrypoint="m.gguf", manifest_digest="a" * 64, ctx_total=1024, concurrency=slots
@@ -63,7 +64,14 @@ def pod(
     if draining:
         labels["kama.dev/draining"] = "true"
     return {
-        "metadata": {"namespace": namespace, "name": name, "labels": labels},
+        "metadata": {
+            "namespace": namespace,
+            "name": name,
+            "labels": labels,
+            "ownerReferences": [
+                {"kind": "ModelDeployment", "name": model, "uid": owner_uid, "controller": True}
+            ],
+        },
         "spec": {"containers": [{"env": [{"name": "KAMA_SERVING_PLAN", "value": plan.to_json()}]}]},
         "status": {
             "phase": "Running",
@@ -116,14 +124,16 @@ def fixed_state(
     slots: int = 64,
     max_held_bytes: int = DEFAULT_MAX_HELD_BYTES,
     auth: str = "disabled",
+    serving_key: str | None = None,
 ) -> GatewayState:
     """A gateway state whose model `<ns>/<name>` has one ready replica per address,
     all listening on `replica_port`; with no address, the model is at zero and its
     requests are held by a wake queue whose Temporal only records. Authentication is
-    off unless `auth="apikey"` (then keys are applied to `state.access`)."""
+    off unless `auth="apikey"` (then keys are applied to `state.access`); with a
+    `serving_key` (the master key) requests carry each replica's llama-server key."""
     namespace, name = model.split("/")
     metrics = GatewayMetrics()
-    registry = ModelRegistry(metrics=metrics)
+    registry = ModelRegistry(metrics=metrics, serving_key=serving_key)
     registry.apply_deployment("ADDED", deployment(name, namespace=namespace))
     for number, ip in enumerate(replica_ips):
         registry.apply_pod(

@@ -5,6 +5,7 @@ RBAC in both modes, Temporal settings in every process and the evaluation mode."
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 from collections.abc import Iterator
@@ -73,6 +74,12 @@ def named(docs: list[Doc], kind: str, name: str) -> Doc:
 
 def env_of(container: Doc) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+def plain_env(container: Doc) -> dict[str, str]:
+    """The env entries with a value (not from a Secret or the downward API), as
+    `Settings.from_env` reads them."""
+    return {k: v for k, v in env_of(container).items() if isinstance(v, str)}
 
 
 def test_crds_are_the_generated_ones_kept_on_uninstall(helm: tuple[Path, dict[str, str]]) -> None:
@@ -230,7 +237,7 @@ def test_namespaced_mode_sets_the_watch_namespaces(helm: tuple[Path, dict[str, s
     for name in ("kama-worker", "kama-watcher", "kama-gateway"):
         container = named(docs, "Deployment", name)["spec"]["template"]["spec"]["containers"][0]
         assert env_of(container)["KAMA_WATCH_NAMESPACE"] == "team-a,team-b"
-        settings = Settings.from_env(env_of(container))
+        settings = Settings.from_env(plain_env(container))
         assert settings.tenancy.watch_namespaces == ("team-a", "team-b")
     worker_roles = [
         doc["metadata"]["namespace"]
@@ -405,7 +412,7 @@ def test_keda_mode_serves_the_scaler_and_lets_the_worker_write_scaled_objects(
         env = env_of(worker["containers"][0])
         address = "kama-gateway.kama-system.svc:9091"
         assert env["KAMA_KEDA_SCALER_ADDRESS"] == address
-        assert Settings.from_env(env).keda_scaler_address == address
+        assert Settings.from_env(plain_env(worker["containers"][0])).keda_scaler_address == address
         rules = rules_by_component(docs)
         assert verbs_on(rules["worker"], "scaledobjects") == {"create", "delete", "patch"}
         assert not verbs_on(rules["gateway"], "scaledobjects")
@@ -592,3 +599,31 @@ def test_network_policy_values(helm: tuple[Path, dict[str, str]]) -> None:
     ]
     assert not of_kind(render(helm, *EVAL, "--set", "networkPolicy.enabled=false"), "NetworkPolicy")
     assert "pattern" in refused(helm, *EVAL, "--set", "networkPolicy.servingNamespaces={Team_A}")
+
+
+def test_the_serving_key_reaches_the_worker_and_gateway_only(
+    helm: tuple[Path, dict[str, str]],
+) -> None:
+    """The master key of llama-server's API keys (kama/serving_key.py): generated once
+    into a Secret kept on uninstall, read by the worker and the gateway, never by the
+    watcher; `servingKey.existingSecret` brings your own (and the chart makes none)."""
+    docs = render(helm, *EVAL)
+    secret = named(docs, "Secret", "kama-serving-key")
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert len(base64.b64decode(secret["data"]["serving-key"])) == 48
+    reference = {"secretKeyRef": {"name": "kama-serving-key", "key": "serving-key"}}
+    for name, expected in (
+        ("kama-worker", reference),
+        ("kama-gateway", reference),
+        ("kama-watcher", None),
+    ):
+        pod = named(docs, "Deployment", name)["spec"]["template"]["spec"]
+        assert env_of(pod["containers"][0]).get("KAMA_SERVING_KEY") == expected, name
+    own = render(
+        helm, *EVAL, "--set", "servingKey.existingSecret=mine", "--set", "servingKey.key=k"
+    )
+    assert not [s for s in of_kind(own, "Secret") if "serving-key" in s["metadata"]["name"]]
+    gateway = named(own, "Deployment", "kama-gateway")["spec"]["template"]["spec"]
+    assert env_of(gateway["containers"][0])["KAMA_SERVING_KEY"] == {
+        "secretKeyRef": {"name": "mine", "key": "k"}
+    }
