@@ -23,6 +23,7 @@ import httpx
 from kubernetes import client as k8s
 from temporalio import activity
 
+from activities.pod_reads import PodAnswerTooLarge, PodReadTimeout, read_pod
 from activities.provenance import kama_pod
 from kama.serving_key import DEPLOYMENT_KIND, bearer, serving_key
 from kama.serving_plan import LLAMA_PORT
@@ -33,19 +34,6 @@ log = logging.getLogger("kama")
 
 SLOTS_READ_DEADLINE_S = 3.0  # inside the activity's 5 s start-to-close timeout
 SLOTS_MAX_BYTES = 4 * 1024 * 1024  # llama-server's /slots is a few KiB per slot
-IDENTITY = {"accept-encoding": "identity"}  # the cap counts the bytes as they are read
-
-
-class PodReadFailed(Exception):
-    """A pod's answer could not be read within the bounds."""
-
-
-class PodReadTimeout(PodReadFailed):
-    """The answer did not arrive whole within the total deadline."""
-
-
-class PodAnswerTooLarge(PodReadFailed):
-    """The answer was larger than the byte cap."""
 
 
 @dataclass(frozen=True)
@@ -55,42 +43,6 @@ class SlotsRequest:
 
     namespace: str
     pod: str
-
-
-@dataclass(frozen=True)
-class PodAnswer:
-    status: int
-    body: bytes
-
-
-async def read_pod(
-    http: httpx.AsyncClient,
-    url: str,
-    *,
-    deadline_s: float,
-    max_bytes: int,
-    authorization: str | None = None,
-) -> PodAnswer:
-    """GET `url` (with `authorization` as its Authorization header, if any), its whole
-    answer within `deadline_s` and `max_bytes`; PodReadTimeout or PodAnswerTooLarge
-    past them, httpx's errors if the connection fails."""
-    headers = IDENTITY if authorization is None else {**IDENTITY, "authorization": authorization}
-    try:
-        async with (
-            asyncio.timeout(deadline_s),
-            http.stream("GET", url, headers=headers, timeout=deadline_s) as response,
-        ):
-            declared = response.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) > max_bytes:
-                raise PodAnswerTooLarge(f"{url} declared {declared} bytes (at most {max_bytes})")
-            body = bytearray()
-            async for chunk in response.aiter_raw():
-                body += chunk
-                if len(body) > max_bytes:
-                    raise PodAnswerTooLarge(f"{url} sent over {max_bytes} bytes")
-            return PodAnswer(status=response.status_code, body=bytes(body))
-    except (TimeoutError, httpx.TimeoutException):
-        raise PodReadTimeout(f"{url} did not answer whole within {deadline_s:g}s") from None
 
 
 class LlamaServerActivities:
@@ -156,10 +108,10 @@ class LlamaServerActivities:
                 max_bytes=self.max_bytes,
                 authorization=None if key is None else bearer(key),
             )
-        except httpx.TransportError:
-            return None
-        except PodReadFailed as exc:
+        except (PodReadTimeout, PodAnswerTooLarge) as exc:
             log.warning("reading %s failed: %s", url, exc)
+            return None
+        except httpx.TransportError:
             return None
         if answer.status != 200:
             return None

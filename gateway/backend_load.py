@@ -3,7 +3,7 @@
 polled at a bounded rate (one request per endpoint per interval), minus this
 gateway's own in-flight requests there, which it counts exactly. Only models with two
 or more replicas are polled: with one there is no choice for the load to inform.
-Each poll has a total deadline and a byte cap (`gateway.transport.bounded`): a
+Each poll has a total deadline and a byte cap (`activities.pod_reads`): a
 replica that drips its answer costs one poll interval, not the poller. `/metrics`
 requires the replica's llama-server key when Kama has a master key
 (`Endpoint.authorization`)."""
@@ -15,8 +15,8 @@ import logging
 
 import httpx
 
+from activities.pod_reads import read_pod
 from gateway.registry import Endpoint, ModelRegistry
-from gateway.transport.bounded import read_pod
 from kama.serving_plan import LLAMA_PORT
 
 log = logging.getLogger("kama.gateway")

@@ -27,10 +27,10 @@ from temporalio.common import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.pod_reads import read_pod
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
 from gateway.registry import Model, ModelRegistry
-from gateway.transport.bounded import read_pod
 from kama.contracts import KAMA_KIND, KAMA_NAME, KAMA_NAMESPACE, ObjectRef, wake_workflow_id
 from kama.serving_plan import SUPERVISOR_PORT
 from workflows.wake import WakeInput, WakeWorkflow

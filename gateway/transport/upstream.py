@@ -16,7 +16,7 @@ the read timeout (a total deadline, so a head dripped a byte at a time cannot ex
 it) and within `MAX_HEAD_BYTES`; past either the connection is closed and the
 request fails with `ResponseHeadTimeout` or `ResponseHeadTooLarge` (httpx errors, so
 callers see a failed replica). Bodies are bounded by their readers (the proxy's
-document limit, `gateway.transport.bounded` for polls)."""
+document limit, `activities.pod_reads` for polls)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,8 @@ ALLOWED: dict[str, set[str]] = {
     "activities": {"kama"},
     "workflows": {"kama", "activities"},
     "watcher": {"kama", "workflows"},
-    "gateway": {"kama", "workflows", "watcher.watch"},  # the shared list+watch loop
+    # the shared list+watch loop, and the bounded pod reads the worker makes too
+    "gateway": {"kama", "workflows", "watcher.watch", "activities.pod_reads"},
     "runtime": {"kama"},
     "kamactl": {"kama", "activities", "workflows", "watcher", "gateway", "runtime"},
 }

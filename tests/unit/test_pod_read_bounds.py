@@ -17,11 +17,10 @@ import httpx
 import pytest
 from kubernetes import client as k8s
 
-import activities.llama_server as worker_reads
+from activities import pod_reads as bounded
 from activities.llama_server import LlamaServerActivities
 from gateway.backend_load import POLL_TIMEOUT_S, poll_one
 from gateway.registry import Endpoint
-from gateway.transport import bounded
 from gateway.transport.upstream import (
     ResponseHeadTimeout,
     ResponseHeadTooLarge,
@@ -169,11 +168,11 @@ async def test_the_workers_slots_read_has_a_total_deadline_and_a_byte_cap() -> N
         assert time.monotonic() - started < DEADLINE_S + SLACK_S
         assert await llama.count_busy(at("/big")) is None
         assert await llama.count_busy(at("/big-chunked")) is None
-        with pytest.raises(worker_reads.PodReadTimeout):
-            await worker_reads.read_pod(
+        with pytest.raises(bounded.PodReadTimeout):
+            await bounded.read_pod(
                 http, f"http://127.0.0.1:{port}/drip/slots", deadline_s=DEADLINE_S, max_bytes=BIG
             )
-        with pytest.raises(worker_reads.PodAnswerTooLarge):
-            await worker_reads.read_pod(
+        with pytest.raises(bounded.PodAnswerTooLarge):
+            await bounded.read_pod(
                 http, f"http://127.0.0.1:{port}/big/slots", deadline_s=5, max_bytes=BIG // 2
             )

@@ -1,6 +1,7 @@
-"""The gateway's reads of a pod's small operational answers (llama-server's
+"""Reads of a pod's small operational answers, bounded whatever the pod does: the
+worker's `/slots` probe (`activities.llama_server`) and the gateway's (llama-server's
 `/metrics` for backend load, `/health` of a replica that refused a connection, a
-supervisor's `/readyz` while a model wakes), bounded whatever the pod does.
+supervisor's `/readyz` while a model wakes). One implementation for both processes.
 
 A pod is not trusted to answer sanely: the read has a total deadline, from the
 request to the answer's last byte (not a timeout per read, so a pod that answers a
