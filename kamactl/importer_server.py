@@ -4,9 +4,11 @@ The importer runs next to a tenant's volumes (the cache, a source claim, the tok
 Secret) and is as untrusted as the tenant: it holds no credential for Kama's Temporal
 namespace. It runs the importer activities (the same functions the import and verify
 workflows schedule) when the worker, which relays the operation's task queue to it,
-asks (`kama.importer_protocol`): only calls with the pod's own token are served, one
-at a time, with bounded inputs, and the answer streams the activity's heartbeats so
-the worker can heartbeat to Temporal (progress and resume survive as before).
+asks (`kama.importer_protocol`): only calls with the pod's own token are served, with
+bounded inputs, and the answer streams the activity's heartbeats so the worker can
+heartbeat to Temporal (progress and resume survive as before). An activity outlives
+the call that started it: while Kama's worker restarts, a download goes on, and the
+worker's next call with the same input is attached to it (never a second copy).
 
 The server is the standard library's threading HTTP server: one blocking activity per
 connection thread, nothing to maintain of our own beyond the handler."""
@@ -16,7 +18,6 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-import queue
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -39,14 +40,6 @@ from kama.importer_protocol import (
 
 log = logging.getLogger("kama.importer")
 
-BUSY_WAIT_S = 60.0
-"""How long a call waits for the one before it (a retry that overtook its own
-abandoned attempt) before it is refused as busy (the worker retries)."""
-
-
-class ClientGone(Exception):
-    """The worker closed the call: the activity stops at its next heartbeat."""
-
 
 @dataclass(frozen=True)
 class ImporterCall:
@@ -68,49 +61,50 @@ def importer_calls(functions: list[Callable[..., Any]]) -> dict[str, ImporterCal
 
 
 @dataclass
-class _Outcome:
-    lines: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
-    gone: threading.Event = field(default_factory=threading.Event)
+class _Run:
+    """One activity running in the importer, outliving the call that started it: a
+    worker that restarts (or a relay that times out) calls again with the same input
+    and is attached to this run instead of starting a second copy (which would write
+    the same staged file twice). Keeps only the latest heartbeat and the end."""
+
+    changed: threading.Condition = field(default_factory=threading.Condition)
+    heartbeat: list[Any] | None = None
+    beats: int = 0
+    end: dict[str, Any] | None = None  # {"result": ...} or {"error": ...}
+    delivered: bool = False  # the end reached a caller: a new call starts a new run
+
+    def beat(self, *values: Any) -> None:
+        with self.changed:
+            self.heartbeat, self.beats = list(values), self.beats + 1
+            self.changed.notify_all()
+
+    def finish(self, end: dict[str, Any]) -> None:
+        with self.changed:
+            self.end = end
+            self.changed.notify_all()
 
 
-def _run_activity(call: ImporterCall, argument: Any, details: list[Any], out: _Outcome) -> None:
-    """Run one activity with an activity context whose heartbeats become answer lines."""
+def _failure(error: BaseException) -> dict[str, Any]:
+    if isinstance(error, ApplicationError):
+        kind, message, final = error.type or "ApplicationError", error.message, error.non_retryable
+    else:  # any other failure is the worker's to retry
+        kind, message, final = type(error).__name__, str(error)[:2048], False
+    return {"error": {"type": kind, "message": message, "non_retryable": final}}
 
-    def heartbeat(*values: Any) -> None:
-        if out.gone.is_set():
-            raise ClientGone("the worker closed the call")
-        out.lines.put({"heartbeat": list(values)})
 
+def _run_activity(call: ImporterCall, argument: Any, details: list[Any], run: _Run) -> None:
+    """Run one activity with an activity context whose heartbeats go to `run`."""
     environment = ActivityEnvironment()
     environment.info = replace(environment.info, heartbeat_details=details)
-    environment.on_heartbeat = heartbeat
+    environment.on_heartbeat = run.beat
     try:
         result = environment.run(call.function, argument)
-    except ApplicationError as error:
-        out.lines.put(
-            {
-                "error": {
-                    "type": error.type or "ApplicationError",
-                    "message": error.message,
-                    "non_retryable": error.non_retryable,
-                }
-            }
-        )
-    except ClientGone:
-        out.lines.put({"error": {"type": "ClientGone", "message": "", "non_retryable": False}})
-    except Exception as error:  # any other failure is the worker's to retry
-        log.exception("activity failed")
-        out.lines.put(
-            {
-                "error": {
-                    "type": type(error).__name__,
-                    "message": str(error)[:2048],
-                    "non_retryable": False,
-                }
-            }
-        )
+    except Exception as error:
+        if not isinstance(error, ApplicationError):
+            log.exception("activity failed")
+        run.finish(_failure(error))
     else:
-        out.lines.put({"result": result})
+        run.finish({"result": result})
 
 
 class ImporterServer(ThreadingHTTPServer):
@@ -122,7 +116,22 @@ class ImporterServer(ThreadingHTTPServer):
         super().__init__(address, _Handler)
         self.calls = calls
         self.token = token
-        self.one_at_a_time = threading.Lock()
+        self.guard = threading.Lock()
+        self.runs: dict[str, _Run] = {}
+
+    def attach(self, *, key: str, call: ImporterCall, argument: Any, details: list[Any]) -> _Run:
+        """The run of this call: the one already under way (or ended but never
+        delivered) for the same activity and input, else a new one."""
+        with self.guard:
+            for other in [k for k, r in self.runs.items() if r.delivered]:
+                del self.runs[other]
+            run = self.runs.get(key)
+            if run is None:
+                run = self.runs[key] = _Run()
+                threading.Thread(
+                    target=_run_activity, args=(call, argument, details, run), daemon=True
+                ).start()
+            return run
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -170,41 +179,44 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.loads(self.rfile.read(length))
             argument = value_to_type(call.input_type, body["input"])
             details = list(body.get("heartbeat_details") or [])
+            key = f"{name}\n{json.dumps(body['input'], sort_keys=True)}"
         except Exception as error:
             self._plain(400, f"bad activity input: {str(error)[:512]}")
             return
-        if not self.server.one_at_a_time.acquire(timeout=BUSY_WAIT_S):
-            self._plain(503, "busy with another operation")
-            return
-        try:
-            self._stream(call, argument, details)
-        finally:
-            self.server.one_at_a_time.release()
+        run = self.server.attach(key=key, call=call, argument=argument, details=details)
+        self._stream(run)
 
-    def _stream(self, call: ImporterCall, argument: Any, details: list[Any]) -> None:
-        out = _Outcome()
-        worker = threading.Thread(
-            target=_run_activity, args=(call, argument, details, out), daemon=True
-        )
+    def _write(self, line: dict[str, Any]) -> bool:
+        try:
+            self.wfile.write(json.dumps(line, cls=AdvancedJSONEncoder).encode() + b"\n")
+            self.wfile.flush()
+        except OSError:
+            return False  # the caller left; the run goes on for the next one
+        return True
+
+    def _stream(self, run: _Run) -> None:
         self.send_response(200)
         self.send_header("content-type", "application/x-ndjson")
         self.send_header("connection", "close")
         self.end_headers()
         self.close_connection = True
-        worker.start()
+        seen = 0
         while True:
-            try:
-                line = out.lines.get(timeout=ALIVE_EVERY_S)
-            except queue.Empty:
-                line = {"alive": True}
-            try:
-                self.wfile.write(json.dumps(line, cls=AdvancedJSONEncoder).encode() + b"\n")
-                self.wfile.flush()
-            except OSError:
-                out.gone.set()  # the activity ends at its next heartbeat
-                worker.join()
+            with run.changed:
+                if run.end is None and run.beats == seen:
+                    run.changed.wait(timeout=ALIVE_EVERY_S)
+                end, beats, heartbeat = run.end, run.beats, run.heartbeat
+            if end is not None:
+                if self._write(end):
+                    with self.server.guard:
+                        run.delivered = True
                 return
-            if "result" in line or "error" in line:
+            if beats != seen:
+                seen = beats
+                line: dict[str, Any] = {"heartbeat": heartbeat}
+            else:
+                line = {"alive": True}
+            if not self._write(line):
                 return
 
 

@@ -6,6 +6,7 @@ pod in exactly the shape it creates itself."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -17,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from temporalio import activity
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
@@ -277,3 +279,41 @@ def test_a_relay_is_bound_only_to_a_pod_in_the_workers_own_shape() -> None:
     }
     for why, changes in refused.items():
         assert binding_of(worker_made_pod(**changes), cluster="c1") is None, why
+
+
+STARTED: list[int] = []
+
+
+@activity.defn(name="Count slowly")
+def count_slowly(request: SpaceRequest) -> int:
+    """A stand-in for a long download: heartbeats its progress, takes ~1.5 s."""
+    STARTED.append(request.needed_bytes)
+    for done in range(1, 7):
+        time.sleep(0.25)
+        activity.heartbeat(done)
+    return request.needed_bytes
+
+
+async def test_an_operation_outlives_the_worker_that_asked_and_is_not_run_twice() -> None:
+    """The worker dies mid-download: the importer goes on, and the restarted worker's
+    call with the same input is attached to the same run (no second writer of the
+    staged file), receiving its heartbeats and its result."""
+    STARTED.clear()
+    server = serve_importer(host="127.0.0.1", port=0, functions=[count_slowly], token=TOKEN)
+    try:
+        request = SpaceRequest(cache_root="/nowhere", needed_bytes=7)
+        async with relay_to(url_of(server), functions=[count_slowly]) as relay:
+            first = asyncio.create_task(relayed(relay, "Count slowly", request))
+            await asyncio.sleep(0.6)
+            first.cancel()  # the worker is gone: its connection closes
+            with suppress(asyncio.CancelledError):
+                await first
+            beats: list[Any] = []
+            assert await relayed(relay, "Count slowly", request, beats=beats) == 7
+        assert STARTED == [7], "one run, attached to by the second call"
+        assert beats and beats[0][0] >= 2, "attached mid-run, not started again"
+        async with relay_to(url_of(server), functions=[count_slowly]) as relay:
+            assert await relayed(relay, "Count slowly", request) == 7
+        assert STARTED == [7, 7], "once delivered, the same call runs anew"
+    finally:
+        server.shutdown()
