@@ -47,7 +47,7 @@ from tests.integration.test_serving_plane import (
     serving_pods,
     wait_ready,
 )
-from tests.support import apply, eventually, get_json, kubectl
+from tests.support import apply, eventually, get_json, kubectl, serving_headers
 
 RESULTS = REPO_ROOT / "bench-results"
 ROUNDS = 5
@@ -189,15 +189,23 @@ def percentile(values: list[float], p: float) -> float:
 
 
 async def post(
-    client: UpstreamTransport, *, url: httpx.URL, payload: bytes, wait_s: float
+    client: UpstreamTransport,
+    *,
+    url: httpx.URL,
+    payload: bytes,
+    wait_s: float,
+    authorization: str | None = None,
 ) -> UpstreamBody:
     """A JSON POST through the lean client; the answer's body is the caller's to read."""
+    headers = [(b"content-type", b"application/json")]
+    if authorization is not None:
+        headers.append((b"authorization", authorization.encode()))
     return await client.request(
         host=url.host,
         port=url.port or 80,
         method="POST",
         target=url.path,
-        headers=[(b"content-type", b"application/json")],
+        headers=headers,
         body=payload,
         connect_timeout=min(wait_s, 10),
         read_timeout=wait_s,
@@ -225,6 +233,7 @@ async def timed_batch(
     n: int,
     concurrency: int,
     stream: bool,
+    authorization: str | None = None,
 ) -> tuple[list[float], float]:
     """Latencies (to the whole answer, or to the first body byte when streaming) and
     the wall time of `n` requests from `concurrency` keep-alive connections. The
@@ -241,7 +250,9 @@ async def timed_batch(
             remaining[0] -= 1
             started = time.perf_counter()
             try:
-                response = await post(client, url=parsed, payload=payload, wait_s=120)
+                response = await post(
+                    client, url=parsed, payload=payload, wait_s=120, authorization=authorization
+                )
                 try:
                     chunks = aiter(response)
                     await anext(chunks)
@@ -355,6 +366,7 @@ def test_gateway_added_latency_and_throughput(
     wait_ready(control, namespace, "bench", 1)
     (pod,) = routable(serving_pods(control, namespace, "bench"))
     direct = f"http://{pod['status']['podIP']}:{LLAMA_PORT}/v1/completions"
+    pod_key = serving_headers(pod).get("authorization")
     through = f"{gw.url}/v1/completions"
     model = f"{namespace}/bench"
     results: dict[str, Any] = {}
@@ -371,7 +383,14 @@ def test_gateway_added_latency_and_throughput(
                 for _ in range(ROUNDS):  # interleaved: direct, gateway, direct, ...
                     for name, url in (("direct", direct), ("gateway", through)):
                         latencies, _ = await timed_batch(
-                            client, url=url, body=body, n=n, concurrency=concurrency, stream=stream
+                            client,
+                            url=url,
+                            body=body,
+                            n=n,
+                            concurrency=concurrency,
+                            stream=stream,
+                            # the pod's own llama-server key, as the gateway sends it
+                            authorization=pod_key if name == "direct" else None,
                         )
                         samples[name] += latencies
                 key = f"{'ttft' if stream else 'latency'}_c{concurrency}"
