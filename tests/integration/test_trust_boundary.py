@@ -30,6 +30,7 @@ from kamadev.processes import free_port, wait_until
 from kamadev.stack import SHELL_IMAGE
 from tests.conftest import KamaControl, _kama_process, fresh_namespace
 from tests.integration.forged_task_workflow import ForgedTask, ForgedTaskWorkflow
+from tests.integration.test_real_nodes import logs, python_pod, terminated
 from tests.integration.test_serving_plane import deployment
 from tests.support import apply, eventually, get_json, kubectl
 
@@ -81,6 +82,22 @@ def victim(control: KamaControl, namespace: str) -> dict[str, Any]:
     apply(control.stack, deployment(namespace, "victim", "absent-artifact", replicas=0))
     found: dict[str, Any] = get_json(control.stack, "modeldeployment", "victim", "-n", namespace)
     return found
+
+
+def artifact_without_cache(namespace: str, name: str) -> dict[str, Any]:
+    """A ModelArtifact that never imports (its cache does not exist): nothing of
+    Kama's own makes an importer pod for it."""
+    return {
+        "apiVersion": "kama.dev/v1alpha1",
+        "kind": "ModelArtifact",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "source": {
+                "huggingFace": {"repo": "acme/none", "revision": "0" * 40, "files": ["m.gguf"]}
+            },
+            "cacheRef": {"name": "absent-cache"},
+        },
+    }
 
 
 def typed(failure: BaseException, kind: str) -> str:
@@ -183,20 +200,7 @@ async def test_a_forged_importer_task_starts_no_importer(
     kama_control: KamaControl, namespace: str
 ) -> None:
     control = kama_control
-    apply(
-        control.stack,
-        {
-            "apiVersion": "kama.dev/v1alpha1",
-            "kind": "ModelArtifact",
-            "metadata": {"name": "art", "namespace": namespace},
-            "spec": {
-                "source": {
-                    "huggingFace": {"repo": "acme/none", "revision": "0" * 40, "files": ["m.gguf"]}
-                },
-                "cacheRef": {"name": "absent-cache"},
-            },
-        },
-    )
+    apply(control.stack, artifact_without_cache(namespace, "art"))
     ref = {"namespace": namespace, "name": "art", "uid": "forged"}
     message = typed(
         await forge(control, "Start importer pod", {"ref": ref, "operation_id": "x-g1-a1"}),
@@ -292,3 +296,119 @@ def test_a_tenants_key_neither_lists_nor_reaches_nor_wakes_another_namespaces_mo
         assert found["spec"].get("replicas", 0) == 0, "the attacker's request woke the model"
     finally:
         kubectl(control.stack, "delete", "namespace", attacker_namespace, "--wait=false")
+
+
+ATTACKER_SCRIPT = """
+import asyncio, json, os, uuid
+from datetime import timedelta
+import httpx
+from temporalio import workflow
+from temporalio.client import Client
+from temporalio.common import RetryPolicy
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+
+TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount"
+API = "https://" + os.environ["KUBERNETES_SERVICE_HOST"] + ":" + os.environ["KUBERNETES_SERVICE_PORT"]
+
+def read(namespace, name):
+    headers = {"authorization": "Bearer " + open(TOKEN + "/token").read()}
+    url = API + "/api/v1/namespaces/" + namespace + "/secrets/" + name
+    return httpx.get(url, headers=headers, verify=TOKEN + "/ca.crt").status_code
+
+@workflow.defn(name="Attack")
+class Attack:
+    @workflow.run
+    async def run(self, task: dict) -> str:
+        try:
+            await workflow.execute_activity(
+                task["activity"], task["argument"], task_queue=task["queue"],
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(maximum_attempts=1))
+        except Exception as error:
+            cause = error.cause
+            return "refused " + str(getattr(cause, "type", None)) + " " + str(cause)
+        return "succeeded"
+
+async def main():
+    print("own secret", read(os.environ["OWN_NAMESPACE"], "own-token"), flush=True)
+    print("other secret", read(os.environ["VICTIM_NAMESPACE"], "victim-token"), flush=True)
+    client = await Client.connect(os.environ["TEMPORAL"])
+    queue = "attacker-" + uuid.uuid4().hex[:6]
+    async with Worker(client, task_queue=queue, workflows=[Attack],
+                      workflow_runner=UnsandboxedWorkflowRunner()):
+        for name, activity, argument in json.loads(os.environ["TASKS"]):
+            result = await client.execute_workflow(
+                Attack.run, {"activity": activity, "argument": argument,
+                             "queue": os.environ["CONTROL_QUEUE"]},
+                id="attack-" + uuid.uuid4().hex, task_queue=queue)
+            print(name, result, flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_a_tenant_pod_with_every_right_at_home_gains_nothing_elsewhere(
+    kama_control: KamaControl, namespace: str
+) -> None:
+    """The issue's attacker: a pod in a tenant namespace whose ServiceAccount may do
+    anything there (pods, Secrets, Kama resources). It reads its own Secret; another
+    namespace's Secret is refused; through Kama's Temporal it tries to make the worker
+    create a hostPath pod in the victim's namespace, a pod for the victim's deployment,
+    and an importer for the victim's artifact: each is refused."""
+    control = kama_control
+    tenant = next(fresh_namespace(control.stack, prefix="tenant"))
+    try:
+        victim(control, namespace)
+        apply(control.stack, artifact_without_cache(namespace, "art"))
+        secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque"}
+        apply(
+            control.stack,
+            {**secret, "metadata": {"name": "victim-token", "namespace": namespace}},
+            {**secret, "metadata": {"name": "own-token", "namespace": tenant}},
+            {"apiVersion": "v1", "kind": "ServiceAccount",
+             "metadata": {"name": "owner", "namespace": tenant}},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+             "metadata": {"name": "everything", "namespace": tenant},
+             "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+             "metadata": {"name": "everything", "namespace": tenant},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                         "name": "everything"},
+             "subjects": [{"kind": "ServiceAccount", "name": "owner", "namespace": tenant}]},
+        )  # fmt: skip
+        runtime_image = control.env["KAMA_RUNTIME_IMAGE"]
+        tasks = [
+            ("hostpath", "Create serving pod", {"manifest": {**HOSTILE_POD, "metadata": {
+                "name": "owned", "namespace": namespace}}}),
+            ("deployment", "Create serving pod", {
+                "ref": {"namespace": namespace, "name": "victim", "uid": "guessed"},
+                "template": template(image=runtime_image), "ordinal": 0}),
+            ("importer", "Start importer pod", {
+                "ref": {"namespace": namespace, "name": "art", "uid": "guessed"},
+                "operation_id": "x-g1-a1"}),
+        ]  # fmt: skip
+        pod = python_pod("attacker", tenant, ATTACKER_SCRIPT)
+        pod["spec"]["containers"][0]["command"][0] = "/opt/kama/bin/python"
+        pod["spec"]["serviceAccountName"] = "owner"
+        pod["spec"]["containers"][0]["env"] = [
+            {"name": "OWN_NAMESPACE", "value": tenant},
+            {"name": "VICTIM_NAMESPACE", "value": namespace},
+            {"name": "TEMPORAL", "value": control.stack.temporal_for_pods},
+            {"name": "CONTROL_QUEUE", "value": control.env["KAMA_CONTROL_QUEUE"]},
+            {"name": "TASKS", "value": json.dumps(tasks)},
+        ]
+        apply(control.stack, pod)
+        state = terminated(control.stack, tenant, "attacker")
+        out = logs(control.stack, tenant, "attacker")
+        assert state["exitCode"] == 0, out
+        lines = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+        assert "own secret 200" in out, out  # every right at home
+        assert "other secret 403" in out, out
+        assert lines["hostpath"].startswith("refused"), out
+        assert lines["deployment"].startswith("refused ForgedRequest"), out
+        assert "guessed" in lines["deployment"], out
+        assert lines["importer"].startswith("refused ForgedRequest"), out
+        pods = get_json(control.stack, "pods", "-n", namespace)["items"]
+        assert pods == [], [p["metadata"]["name"] for p in pods]
+    finally:
+        kubectl(control.stack, "delete", "namespace", tenant, "--wait=false")
