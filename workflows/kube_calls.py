@@ -2,8 +2,9 @@
 activities, and the Temporal one that reads an import's progress. One timeout and
 one retry policy, named here, so every workflow treats the API server the same way:
 answers that may change (404, 409, 429, 5xx, a claim not bound yet) are retried
-without limit; answers that will not (403, 422, other 4xx: `kube_errors`) end the
-call at once, and the workflow reports them and waits for a person."""
+without limit; answers that will not (403, 422, other 4xx: `kube_errors`) and
+programming errors (ValueError, KeyError, TypeError, AttributeError) end the call at
+once, and the workflow reports them and waits for a person."""
 
 from __future__ import annotations
 
@@ -19,10 +20,14 @@ with workflow.unsafe.imports_passed_through():
     from activities.kube_errors import PERMANENT_ERROR_TYPES
 
 KUBE_TIMEOUT = timedelta(seconds=30)
+PROGRAMMING_ERROR_TYPES = ("ValueError", "KeyError", "TypeError", "AttributeError")
+"""Exceptions of Kama's own code (or of a client handed an answer it cannot read): the
+same input fails the same way every time, so they end the call after one attempt and
+the workflow reports them, instead of retrying without limit."""
 KUBE_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     maximum_interval=timedelta(seconds=20),
-    non_retryable_error_types=list(PERMANENT_ERROR_TYPES),
+    non_retryable_error_types=[*PERMANENT_ERROR_TYPES, *PROGRAMMING_ERROR_TYPES],
 )
 KUBE = CallPolicy(timeout=KUBE_TIMEOUT, retry=KUBE_RETRY)
 
@@ -30,7 +35,11 @@ CLAIM_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     maximum_interval=timedelta(seconds=10),
     maximum_attempts=60,
-    non_retryable_error_types=["StorageUnavailable", *PERMANENT_ERROR_TYPES],
+    non_retryable_error_types=[
+        "StorageUnavailable",
+        *PERMANENT_ERROR_TYPES,
+        *PROGRAMMING_ERROR_TYPES,
+    ],
 )
 """Finding a cache or source claim: a missing one is reported at once (it will not
 appear by waiting); one not bound yet is waited for, about ten minutes, then reported
