@@ -181,6 +181,30 @@ def prune_history(
     return ([before[-1]] if before else []) + inside
 
 
+def compact_history(
+    history: Sequence[DemandPoint], *, rule: ScalingRule, now: datetime
+) -> list[DemandPoint]:
+    """The history pruned to the windows (`prune_history`) and compacted, so that a
+    day-long scaleDownWindow of a demand changing every second stays a few hundred
+    points, with every decision unchanged.
+
+    Before the scale-up window (where only the scale-down window's *peak* can still
+    matter), a level followed by an equal or higher one can never be a peak again:
+    any window that still holds part of it also holds the start of the higher one.
+    So the higher level takes over its interval (starts at its time) and it goes.
+    What remains there is strictly decreasing; the scale-up window, whose *minimum*
+    decides, and the latest change are kept as they are."""
+    kept = prune_history(history, keep=max(_windows(rule)), now=now)
+    up_cut = now - rule.scale_up_window
+    compacted: list[DemandPoint] = []
+    for point in kept[:-1]:
+        if point.at <= up_cut:
+            while compacted and compacted[-1].demand <= point.demand:
+                point = DemandPoint(compacted.pop().at, point.demand)
+        compacted.append(point)
+    return compacted + kept[-1:]
+
+
 def total_demand(
     reports: Mapping[str, tuple[datetime, int]], *, stale_after: timedelta, now: datetime
 ) -> int:

@@ -3,8 +3,10 @@ history asks for, as a user watching `kubectl get md` would see it change."""
 
 from __future__ import annotations
 
+import json
+import random
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from datetime import UTC, datetime, timedelta
 
 from kama.autoscaling import (
@@ -172,3 +174,31 @@ def test_a_rise_is_dated_from_the_arrival_its_gateway_saw() -> None:
         gateway="gw", demand=13, busy_pods=[], now=at(20.2), risen_for=timedelta(seconds=0.5)
     )
     assert ledger.history[-1].at == at(20.1).isoformat(), "never before the last change"
+
+
+def test_a_days_demand_changing_every_second_keeps_the_ledger_small_and_decisions_exact() -> None:
+    """scaleDownWindow of a day, the total changing every second (#26 item 4): the
+    ledger the workflow carries across continue-as-new stays a few KiB, far below
+    Temporal's payload limit, and every decision is the one the whole history gives."""
+    rule = replace(RULE, max_replicas=40, scale_down_window=timedelta(hours=24))
+    ledger, full = DemandLedger(), []
+    generator = random.Random(26)
+    demand = 0
+    for second in range(24 * 3600):
+        demand = max(0, min(150, demand + generator.choice((-3, -1, 1, 2))))
+        now = at(second)
+        if ledger.record(gateway="g", demand=demand, busy_pods=[], now=now):
+            full.append(DemandPoint(now, demand))
+        if second % 3600 == 3599:
+            for current in (1, 20):
+                decision, due = ledger.decide(rule=rule, current=current, now=now)
+                expected = decide_scale(
+                    rule=rule, history=full, current=current, busy_replicas=0,
+                    last_scaled=None, now=now,
+                )  # fmt: skip
+                assert decision == expected, (second, current)
+                whole_due = next_decision_due(rule=rule, history=full, last_scaled=None, now=now)
+                assert due is not None and whole_due is not None and due >= whole_due
+    payload = json.dumps(asdict(ledger))
+    assert len(full) > 40_000
+    assert len(payload) < 16 * 1024, len(payload)
