@@ -18,7 +18,6 @@ from kama.autoscaling import (
     compact_history,
     decide_scale,
     next_decision_due,
-    prune_history,
     report_period,
 )
 from kama.durations import parse_duration
@@ -102,12 +101,10 @@ class DemandLedger:
         return len({pod for report in self.gateways.values() for pod in report.busy_pods})
 
     def decide(
-        self, *, rule: ScalingRule, current: int, now: datetime, compact: bool = True
+        self, *, rule: ScalingRule, current: int, now: datetime
     ) -> tuple[ScalingDecision | None, datetime | None]:
-        """What demand asks of the replica count now, and when to look again.
-        `compact` False: only pruned to the windows (how histories written before
-        compaction replay)."""
-        self._prune(rule=rule, now=now, compact=compact)
+        """What demand asks of the replica count now, and when to look again."""
+        self._prune(rule=rule, now=now)
         history = self._points()
         last = datetime.fromisoformat(self.last_scaled) if self.last_scaled else None
         decision = decide_scale(
@@ -131,10 +128,6 @@ class DemandLedger:
     def _points(self) -> list[DemandPoint]:
         return [DemandPoint(datetime.fromisoformat(s.at), s.demand) for s in self.history]
 
-    def _prune(self, *, rule: ScalingRule, now: datetime, compact: bool) -> None:
-        if compact:
-            kept = compact_history(self._points(), rule=rule, now=now)
-        else:
-            keep = max(rule.scale_up_window, rule.scale_down_window)
-            kept = prune_history(self._points(), keep=keep, now=now)
+    def _prune(self, *, rule: ScalingRule, now: datetime) -> None:
+        kept = compact_history(self._points(), rule=rule, now=now)
         self.history = [DemandSample(p.at.isoformat(), p.demand) for p in kept]

@@ -137,9 +137,6 @@ IDLE_CLOCK_FROM_SERVING = "idle-clock-from-serving-1"
 # DECISION_WAIT_FLOOR, was a whole second), so a rise dated from its arrival
 # scales when its window ends:
 DECISION_AT_WINDOW_END = "decision-at-window-end-1"
-# the demand history is compacted (a day of changes every second stays a few KiB; the
-# decisions are the same, the next look may come later):
-COMPACT_DEMAND_HISTORY = "compact-demand-history-1"
 DECISION_WAIT_FLOOR = timedelta(milliseconds=50)
 LEGACY_DECISION_WAIT_FLOOR = timedelta(seconds=1)
 
@@ -597,12 +594,7 @@ class DeploymentWorkflow(EntityWorkflow):
         ledger.expire(stale_after=stale_after(spec), now=now)
         if self._memory.autoscaled_at_generation == snap.generation:
             return spec, None  # our last scale is on its way back through the watch
-        decision, due = ledger.decide(
-            rule=scaling_rule(spec),
-            current=spec.replicas,
-            now=now,
-            compact=workflow.patched(COMPACT_DEMAND_HISTORY),
-        )
+        decision, due = ledger.decide(rule=scaling_rule(spec), current=spec.replicas, now=now)
         floor = (
             DECISION_WAIT_FLOOR
             if workflow.patched(DECISION_AT_WINDOW_END)
