@@ -282,8 +282,12 @@ def test_killed_importer_pod_resumes_without_refetching(
     assert obj["status"]["files"][0]["sha256"] == hashlib.sha256(model.read_bytes()).hexdigest()
     served = sorted(control.hub.served_ranges(repo, "big.gguf"), key=lambda r: r.start)
     assert len(served) >= 2, "the import resumed with a Range request"
+    assert served[1].start >= 2 * 1024 * 1024, "the resume kept the bytes already on disk"
+    # what a kill -9 may lose: the hub counts a 256 KiB chunk as sent once the kernel
+    # takes it, and the pod held a socket buffer and the writer's queue not yet on
+    # disk; a restart from zero would fetch more than 2 MiB again
     refetched = sum(max(0, prev.end - cur.start) for prev, cur in itertools.pairwise(served))
-    assert refetched <= 256 * 1024, f"bytes fetched twice: {refetched}"
+    assert refetched <= 1024 * 1024, f"bytes fetched twice: {refetched}"
     assert served[-1].end == model.stat().st_size
 
 
