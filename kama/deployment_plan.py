@@ -23,8 +23,10 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from kama.api import GGUFInfo, ModelArtifactStatus
+from kama.architectures import DIFFUSION_ARCHITECTURES
 from kama.api.deployment import (
     DeploymentCondition,
+    MemoryBreakdown,
     ModelDeploymentSpec,
     RejectedCandidate,
     ResolvedProfile,
@@ -36,6 +38,7 @@ from kama.memory import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MICRO_BATCH_SIZE,
     MIB,
+    DeviceEstimate,
     ModelFacts,
     RuntimeEnvelope,
     format_bytes,
@@ -82,6 +85,11 @@ def model_facts(info: GGUFInfo) -> ModelFacts:
     missing = [name for name, value in required.items() if value is None]
     if missing:
         raise ArtifactNotUsable(f"artifact status.gguf lacks {', '.join(missing)}")
+    if info.architecture in DIFFUSION_ARCHITECTURES:
+        raise ArtifactNotUsable(
+            f"architecture {info.architecture} is a diffusion language model: llama.cpp "
+            "loads it, but llama-server cannot generate with it"
+        )
     assert info.layers is not None and info.embedding_length is not None
     assert info.head_count is not None and info.head_count_kv is not None
     assert info.head_dim_k is not None and info.head_dim_v is not None
@@ -93,7 +101,26 @@ def model_facts(info: GGUFInfo) -> ModelFacts:
             f"artifact status.gguf headCountKVPerLayer has {len(per_layer)} entries "
             f"for {info.layers} layers"
         )
+    layout = info.memory_layout
+    layout_facts: dict[str, Any] = {}
+    if layout is not None:
+        named = [*layout.sliding_layers, *layout.recurrent_layers, *layout.kv_free_layers]
+        if any(i >= info.layers for i in named):
+            raise ArtifactNotUsable(
+                f"artifact status.gguf memoryLayout names a layer beyond its {info.layers}"
+            )
+        layout_facts = {
+            "sliding_window": layout.sliding_window if layout.sliding_layers else None,
+            "sliding_layers": frozenset(layout.sliding_layers),
+            "kv_free_layers": frozenset(layout.kv_free_layers),
+            "recurrent_layers": frozenset(layout.recurrent_layers),
+            "recurrent_bytes_per_layer": layout.recurrent_bytes_per_layer,
+            "kv_widths": None if layout.kv_cell_widths is None else tuple(layout.kv_cell_widths),
+            "unmodelled": layout.unmodelled,
+            "unmodelled_floor_bytes": layout.unmodelled_floor_bytes,
+        }
     return ModelFacts(
+        **layout_facts,
         n_layer=info.layers,
         n_embd=info.embedding_length,
         n_head=info.head_count,
@@ -258,8 +285,27 @@ def _profile_status(profile: Profile) -> dict[str, Any]:
         available_ram_bytes=profile.ram_available_bytes,
         available_vram_bytes_per_gpu=profile.vram_available_bytes_per_gpu or None,
         decision=profile.decision,
+        host_memory=_breakdown(profile.estimate.host),
+        gpu_memory=max(
+            (_breakdown(g) for g in profile.estimate.gpus),
+            key=lambda b: sum(b.model_dump().values()),
+            default=None,
+        ),
+        unmodelled=profile.estimate.unmodelled,
     )
     return resolved.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _breakdown(device: DeviceEstimate) -> MemoryBreakdown:
+    return MemoryBreakdown(
+        weights_bytes=device.weights_bytes,
+        kv_bytes=device.kv_bytes,
+        recurrent_bytes=device.recurrent_bytes,
+        compute_bytes=device.compute_bytes,
+        output_bytes=device.output_bytes,
+        overhead_bytes=device.overhead_bytes,
+        unmodelled_bytes=device.unmodelled_bytes,
+    )
 
 
 def _rejected_status(plan: PlacementPlan) -> list[dict[str, Any]]:

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from kama.architectures import LAYOUT_KEYS
+
 __all__ = [
     "GGML_TYPES",
     "MAX_CONTEXT",
@@ -278,6 +280,9 @@ class GGUFFacts:
     split_tensors_count: int | None
     tensor_bytes: int
     tensors: Mapping[str, int]  # tensor name -> data bytes
+    layout_keys: Mapping[str, int | tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    """The ``kama.architectures.LAYOUT_KEYS`` the header has (prefix removed): integers
+    (booleans as 0/1) or per-layer arrays of them, at most ``MAX_LAYERS`` long."""
 
 
 class _Cursor:
@@ -659,6 +664,23 @@ def _per_layer(
     return max(ints), ints
 
 
+def _layout_keys(md: Mapping[str, object], prefix: str) -> dict[str, int | tuple[int, ...]]:
+    """The layout keys present, kept only when they are integers or short integer
+    arrays (a key of another type refines nothing and is left out)."""
+    kept: dict[str, int | tuple[int, ...]] = {}
+    for key in LAYOUT_KEYS:
+        value = md.get(prefix + key)
+        if isinstance(value, int) and 0 <= value <= MAX_WIDTH:
+            kept[key] = int(value)
+        elif (
+            isinstance(value, tuple)
+            and 0 < len(value) <= MAX_LAYERS
+            and all(isinstance(v, int) and 0 <= v <= MAX_WIDTH for v in value)
+        ):
+            kept[key] = tuple(int(v) for v in value)
+    return kept
+
+
 def _architecture(md: Mapping[str, object]) -> str | None:
     arch = _str(md, "general.architecture")
     if arch is not None and not _ARCH_RE.fullmatch(arch):
@@ -729,6 +751,7 @@ def _header_facts(header: GGUFHeader) -> GGUFFacts:
         split_tensors_count=split.total,
         tensor_bytes=sum(t.n_bytes for t in header.tensors),
         tensors={t.name: t.n_bytes for t in header.tensors},
+        layout_keys=_layout_keys(md, p),
     )
 
 

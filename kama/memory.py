@@ -106,10 +106,28 @@ CUDA_CONTEXT_RESERVE_BYTES: Final = 512 * MIB
 CUDA_HOST_RUNTIME_BYTES: Final = 512 * MIB
 """Host RAM the CUDA driver and libraries take once a process uses a GPU."""
 
-HOST_OVERHEAD_BYTES: Final = 16 * MIB
-"""Host RAM of the process itself: code, vocabulary, server state, allocator slack.
-Calibrated by tests/bench/bench_planner.py (llama-server 11434.0.0 on CPU): with 64 MiB
-every estimate was 53-65 MiB above the measured VmHWM; 16 MiB keeps a small margin."""
+HOST_OVERHEAD_BYTES: Final = 24 * MIB
+"""Host RAM of the llama-server process itself (code, threads, HTTP server, allocator
+slack), whatever the model. Calibrated by tests/bench/bench_planner.py on its
+calibration half (llama-server 11434.0.0 on CPU: the smallest models peak 17.7-18 MiB
+above what llama.cpp reports allocating, with compute buffers of about 2 MiB)."""
+
+VOCAB_BYTES_PER_TOKEN: Final = 176
+"""Host RAM per vocabulary token: llama_vocab's token data (text, score, attributes),
+its token-to-id map and its token-to-piece cache, about 170 bytes a token for
+SentencePiece vocabularies. Calibrated on generated models of 32k, 128k and 256k
+tokens (the architecture zoo's vocabularies have 128); 262,144 tokens cost 44 MiB."""
+
+UNMODELLED_SHARE: Final = 3
+"""The conservative rule for an architecture whose memory ``kama.architectures`` does
+not fully size (``ModelFacts.unmodelled``: sparse-attention indexers, linear-attention
+chunk buffers, ...): each device adds ``UNMODELLED_SHARE`` times its modelled compute
+buffer, and the host ``ModelFacts.unmodelled_floor_bytes`` more. Set on the planner
+benchmark's calibration half so that none of it is estimated low."""
+
+SAMPLER_BYTES_PER_TOKEN: Final = 12
+"""Host RAM per vocabulary token per slot: each slot's sampler keeps a candidates array
+of ``llama_token_data`` (id, logit, probability: 12 bytes) for the whole vocabulary."""
 
 DEFAULT_BATCH_SIZE: Final = 2048
 """llama.cpp's default ``--batch-size``."""
@@ -195,6 +213,24 @@ class ModelFacts:
     n_expert: int | None = None
     n_head_kv_per_layer: tuple[int, ...] | None = None
     file_type: str | None = None
+    sliding_window: int | None = None
+    """Tokens a sliding-window layer attends to (n_swa), when some layers do."""
+    sliding_layers: frozenset[int] = frozenset()
+    """Layers whose KV cache is the sliding window's, not the whole context."""
+    kv_free_layers: frozenset[int] = frozenset()
+    """Layers without a KV cache (recurrent layers of a hybrid, or every layer of a
+    recurrent model)."""
+    kv_widths: tuple[int, int] | None = None
+    """(K, V) elements per cell of every KV layer when not heads x head dims: a
+    multi-head latent attention cache keeps the latent and the rope part."""
+    recurrent_layers: frozenset[int] = frozenset()
+    """Layers with a recurrent state (state-space or linear attention)."""
+    recurrent_bytes_per_layer: int = 0
+    """One recurrent layer's state per sequence (f32)."""
+    unmodelled: str | None = None
+    """What of the architecture's memory is not sized here: the estimate then adds an
+    allowance (``UNMODELLED_SHARE``) and says so."""
+    unmodelled_floor_bytes: int = 0
 
     def __post_init__(self) -> None:
         _require_positive(
@@ -211,6 +247,12 @@ class ModelFacts:
                 "n_ff": self.n_ff,
             },
         )
+        if self.sliding_layers and not self.sliding_window:
+            raise ValueError("ModelFacts.sliding_layers needs a sliding_window")
+        named = self.sliding_layers | self.kv_free_layers | self.recurrent_layers
+        outside = sorted(i for i in named if i >= self.n_layer)
+        if outside:
+            raise ValueError(f"ModelFacts names layers {outside[:4]} of {self.n_layer}")
         if self.n_head_kv_per_layer is not None and len(self.n_head_kv_per_layer) != self.n_layer:
             raise ValueError(
                 f"ModelFacts.n_head_kv_per_layer has {len(self.n_head_kv_per_layer)} entries "
@@ -256,6 +298,15 @@ class ModelFacts:
         if self.n_head_kv_per_layer is not None:
             return self.n_head_kv_per_layer[layer]
         return self.n_head_kv
+
+    def kv_cell_widths(self, layer: int) -> tuple[int, int]:
+        """(K, V) elements one KV cell of ``layer`` holds; (0, 0) without a KV cache."""
+        if layer in self.kv_free_layers:
+            return 0, 0
+        if self.kv_widths is not None:
+            return self.kv_widths
+        heads = self.kv_heads(layer)
+        return self.head_dim_k * heads, self.head_dim_v * heads
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -325,19 +376,47 @@ def padded_context(*, model: ModelFacts, envelope: RuntimeEnvelope) -> int:
     return -(-ctx // KV_CONTEXT_PADDING) * KV_CONTEXT_PADDING
 
 
+def sliding_window_cells(*, model: ModelFacts, envelope: RuntimeEnvelope) -> int:
+    """KV cells per slot of a sliding-window layer (llama-kv-cache-iswa.cpp): the window
+    plus one micro batch, at most the slot's context, padded to 256."""
+    full = padded_context(model=model, envelope=envelope)
+    window = min(full, (model.sliding_window or 0) + envelope.micro_batch_size)
+    return -(-window // KV_CONTEXT_PADDING) * KV_CONTEXT_PADDING
+
+
 def kv_cache_bytes(
     *, model: ModelFacts, envelope: RuntimeEnvelope, layers: Sequence[int] | None = None
 ) -> int:
-    """KV cache bytes of ``layers`` (all when None) for every slot's padded context."""
-    n_ctx_total = padded_context(model=model, envelope=envelope) * envelope.concurrency
+    """KV cache bytes of ``layers`` (all when None) for every slot: the padded context
+    for a full-attention layer, the window for a sliding one, nothing for a layer
+    without a KV cache."""
+    full = padded_context(model=model, envelope=envelope)
+    window = sliding_window_cells(model=model, envelope=envelope)
     total = 0
     for layer in range(model.n_layer) if layers is None else layers:
-        heads = model.kv_heads(layer)
-        per_cell = _row_bytes(
-            kv_type=envelope.kv_key_type, n_elements=model.head_dim_k * heads
-        ) + _row_bytes(kv_type=envelope.kv_value_type, n_elements=model.head_dim_v * heads)
-        total += n_ctx_total * per_cell
+        k, v = model.kv_cell_widths(layer)
+        if not k and not v:
+            continue
+        per_cell = _row_bytes(kv_type=envelope.kv_key_type, n_elements=k) + _row_bytes(
+            kv_type=envelope.kv_value_type, n_elements=v
+        )
+        cells = window if layer in model.sliding_layers else full
+        total += cells * envelope.concurrency * per_cell
     return total
+
+
+def recurrent_state_bytes(
+    *, model: ModelFacts, envelope: RuntimeEnvelope, layers: Sequence[int] | None = None
+) -> int:
+    """Recurrent state of ``layers`` (all when None) for every slot."""
+    held = model.recurrent_layers if layers is None else model.recurrent_layers & set(layers)
+    return len(held) * model.recurrent_bytes_per_layer * envelope.concurrency
+
+
+def output_count(*, envelope: RuntimeEnvelope) -> int:
+    """Outputs (logit rows) one batch keeps: llama-server asks for one per slot
+    (``server_output_limits``: n_parallel, at most n_batch), not one per token."""
+    return min(envelope.batch_size, envelope.concurrency)
 
 
 def assign_units(
@@ -381,10 +460,21 @@ class DeviceEstimate:
     overhead_bytes: int
     n_layers: int  # repeating layers held
     holds_output: bool
+    recurrent_bytes: int = 0
+    output_bytes: int = 0  # the host's logits buffer
+    unmodelled_bytes: int = 0  # the conservative allowance (UNMODELLED_SHARE)
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.overhead_bytes
+        return (
+            self.weights_bytes
+            + self.kv_bytes
+            + self.recurrent_bytes
+            + self.compute_bytes
+            + self.output_bytes
+            + self.overhead_bytes
+            + self.unmodelled_bytes
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -394,6 +484,7 @@ class MemoryEstimate:
     n_gpu_layers: int
     host: DeviceEstimate
     gpus: tuple[DeviceEstimate, ...] = field(default=())
+    unmodelled: str | None = None  # ModelFacts.unmodelled: why an allowance is in it
 
     @property
     def ram_bytes(self) -> int:
@@ -427,7 +518,7 @@ def _compute_bytes(
         scores = 0 if envelope.flash_attention_estimated else ctx * ub * model.n_head * F32_BYTES
         total += scores + ctx * ub * KQ_MASK_BYTES
     if holds_output:
-        total += ub * model.n_vocab * F32_BYTES
+        total += min(ub, output_count(envelope=envelope)) * model.n_vocab * F32_BYTES
     return total
 
 
@@ -455,23 +546,37 @@ def estimate_memory(
         weights = sum(model.layer_weight_bytes[i] for i in layers)
         if holds_output:
             weights += model.output_weight_bytes if is_host else model.output_gpu_bytes
+        output = 0
         if is_host:
             weights += model.host_only_weight_bytes
-            overhead = HOST_OVERHEAD_BYTES + envelope.batch_size * model.n_vocab * F32_BYTES
+            output = output_count(envelope=envelope) * model.n_vocab * F32_BYTES
+            overhead = HOST_OVERHEAD_BYTES + model.n_vocab * (
+                VOCAB_BYTES_PER_TOKEN + SAMPLER_BYTES_PER_TOKEN * envelope.concurrency
+            )
             overhead += (envelope.prompt_cache_mib or 0) * MIB
             overhead += CUDA_HOST_RUNTIME_BYTES if gpus else 0
         else:
             overhead = CUDA_CONTEXT_RESERVE_BYTES
+        kv = kv_cache_bytes(model=model, envelope=envelope, layers=layers)
+        recurrent = recurrent_state_bytes(model=model, envelope=envelope, layers=layers)
+        compute = _compute_bytes(
+            model=model,
+            envelope=envelope,
+            n_layers=len(layers),
+            holds_output=holds_output,
+            is_host=is_host,
+        )
+        unmodelled = 0
+        if model.unmodelled is not None:
+            unmodelled = UNMODELLED_SHARE * compute
+            unmodelled += model.unmodelled_floor_bytes if is_host else 0
         return DeviceEstimate(
             weights_bytes=weights,
-            kv_bytes=kv_cache_bytes(model=model, envelope=envelope, layers=layers),
-            compute_bytes=_compute_bytes(
-                model=model,
-                envelope=envelope,
-                n_layers=len(layers),
-                holds_output=holds_output,
-                is_host=is_host,
-            ),
+            kv_bytes=kv,
+            recurrent_bytes=recurrent,
+            output_bytes=output,
+            compute_bytes=compute,
+            unmodelled_bytes=unmodelled,
             overhead_bytes=overhead,
             n_layers=len(layers),
             holds_output=holds_output,
@@ -481,6 +586,7 @@ def estimate_memory(
         n_gpu_layers=n_gpu_layers,
         host=device(None),
         gpus=tuple(device(i) for i in range(gpus)),
+        unmodelled=model.unmodelled,
     )
 
 

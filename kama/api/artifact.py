@@ -36,6 +36,7 @@ from kama.api.meta import (
     check_relative_path,
     relative_path_rules,
 )
+from kama.architectures import memory_layout
 from kama.gguf import GGUFFacts
 
 __all__ = [
@@ -431,6 +432,60 @@ class WeightLayout(KamaModel):
         return sizes
 
 
+class MemoryLayoutInfo(KamaModel):
+    """Which layers hold which per-sequence memory, as llama.cpp lays the architecture
+    out (``kama.architectures``); the planner sizes KV and recurrent state from it."""
+
+    sliding_window: int | None = Field(default=None, ge=1)
+    """Tokens a sliding-window layer keeps (n_swa)."""
+    sliding_layers: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list, max_length=MAX_LAYERS
+    )
+    """Layers whose KV cache holds only the sliding window."""
+    recurrent_layers: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list, max_length=MAX_LAYERS
+    )
+    """Layers with a recurrent (state-space, linear-attention) state."""
+    kv_free_layers: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list, max_length=MAX_LAYERS, alias="kvFreeLayers"
+    )
+    """Layers without a KV cache."""
+    kv_cell_widths: list[Annotated[int, Field(ge=0)]] | None = Field(
+        default=None, min_length=2, max_length=2, alias="kvCellWidths"
+    )
+    """(K, V) elements of one KV cell per layer when the cache is not heads x head
+    dimensions (multi-head latent attention)."""
+    recurrent_bytes_per_layer: int = Field(default=0, ge=0)
+    """One recurrent layer's state per sequence."""
+    unmodelled: str | None = Field(default=None, max_length=256)
+    """What of this architecture's memory the estimator does not size (it then adds a
+    conservative allowance)."""
+    unmodelled_floor_bytes: int = Field(default=0, ge=0)
+    """The host part of that allowance."""
+
+    @classmethod
+    def from_facts(cls, facts: GGUFFacts) -> MemoryLayoutInfo | None:
+        if facts.n_layer is None or facts.n_embd is None:
+            return None
+        layout = memory_layout(
+            architecture=facts.architecture,
+            keys=facts.layout_keys,
+            n_layer=facts.n_layer,
+            n_embd=facts.n_embd,
+            kv_heads=facts.n_head_kv_per_layer,
+        )
+        return cls(
+            sliding_window=layout.sliding_window,
+            sliding_layers=sorted(layout.sliding_layers),
+            recurrent_layers=sorted(layout.recurrent_layers),
+            kv_free_layers=sorted(layout.kv_free_layers),
+            kv_cell_widths=None if layout.kv_widths is None else list(layout.kv_widths),
+            recurrent_bytes_per_layer=layout.recurrent_bytes_per_layer,
+            unmodelled=layout.unmodelled,
+            unmodelled_floor_bytes=layout.unmodelled_floor_bytes,
+        )
+
+
 class GGUFInfo(KamaModel):
     """Facts read from the GGUF header(s), merged over a shard set."""
 
@@ -469,6 +524,8 @@ class GGUFInfo(KamaModel):
     """Tokens in the vocabulary."""
     weights: WeightLayout | None = None
     """Tensor bytes by layer, for placement."""
+    memory_layout: MemoryLayoutInfo | None = None
+    """Per-layer memory kinds (sliding window, recurrent, latent KV), for placement."""
 
     @classmethod
     def from_facts(cls, facts: GGUFFacts) -> GGUFInfo:
@@ -496,6 +553,7 @@ class GGUFInfo(KamaModel):
             weights=None
             if facts.n_layer is None
             else WeightLayout.from_tensors(tensors=facts.tensors, n_layer=facts.n_layer),
+            memory_layout=MemoryLayoutInfo.from_facts(facts),
         )
 
 

@@ -308,6 +308,24 @@ class RejectedCandidate(KamaModel):
     available_bytes: int | None = Field(default=None, ge=0)
 
 
+class MemoryBreakdown(KamaModel):
+    """One device's estimate by component (bytes), so a reservation can be checked
+    against what llama-server reports allocating."""
+
+    weights_bytes: int = Field(default=0, ge=0)
+    kv_bytes: int = Field(default=0, ge=0)
+    """KV cache: full-context layers, sliding-window layers at their window."""
+    recurrent_bytes: int = Field(default=0, ge=0)
+    """Recurrent (state-space, linear-attention) state of every slot."""
+    compute_bytes: int = Field(default=0, ge=0)
+    output_bytes: int = Field(default=0, ge=0)
+    """The logits buffer: one row per slot."""
+    overhead_bytes: int = Field(default=0, ge=0)
+    """The process, vocabulary and samplers on the host; the CUDA context on a GPU."""
+    unmodelled_bytes: int = Field(default=0, ge=0)
+    """The conservative allowance for buffers the estimator does not size."""
+
+
 class ResolvedProfile(KamaModel):
     mode: Literal["CPU", "GPU", "Hybrid"]
     node: str | None = Field(default=None, max_length=253)
@@ -320,6 +338,12 @@ class ResolvedProfile(KamaModel):
     available_ram_bytes: int | None = Field(default=None, ge=0)
     available_vram_bytes_per_gpu: int | None = Field(default=None, ge=0)
     decision: Literal["Estimated", "Profiled"] = "Estimated"
+    host_memory: MemoryBreakdown | None = None
+    """The RAM estimate by component."""
+    gpu_memory: MemoryBreakdown | None = None
+    """The most loaded GPU's estimate by component."""
+    unmodelled: str | None = Field(default=None, max_length=256)
+    """What of the architecture's memory is an allowance rather than sized."""
 
 
 class ModelDeploymentStatus(KamaModel):

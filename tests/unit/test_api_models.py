@@ -390,6 +390,14 @@ def test_gguf_info_from_facts() -> None:
             "tokenEmbedding": 100,
             "other": 3,
         },
+        # a llama model: every layer full attention, no recurrent state
+        "memoryLayout": {
+            "slidingLayers": [],
+            "recurrentLayers": [],
+            "kvFreeLayers": [],
+            "recurrentBytesPerLayer": 0,
+            "unmodelledFloorBytes": 0,
+        },
     }
 
 
