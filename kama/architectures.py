@@ -213,7 +213,11 @@ def _sliding(
         return window, _pattern(n_layer=n_layer, pattern=explicit, dense_first=dense_first), None
     if rule is None:
         return None, frozenset(), f"{architecture}'s file lacks its sliding-window pattern"
-    return window, _pattern(n_layer=n_layer, pattern=rule.pattern, dense_first=rule.dense_first), None
+    return (
+        window,
+        _pattern(n_layer=n_layer, pattern=rule.pattern, dense_first=rule.dense_first),
+        None,
+    )
 
 
 def _recurrent(
@@ -274,12 +278,16 @@ def memory_layout(
     ``LAYOUT_KEYS`` it carries, prefix removed) and ``kv_heads`` per layer if given."""
     arch = architecture or ""
     window, sliding, why_not = _sliding(architecture=arch, keys=keys, n_layer=n_layer)
-    recurrent, kv_free = _recurrent(architecture=arch, keys=keys, n_layer=n_layer, kv_heads=kv_heads)
+    recurrent, kv_free = _recurrent(
+        architecture=arch, keys=keys, n_layer=n_layer, kv_heads=kv_heads
+    )
     sliding -= kv_free
     rank = 0 if arch in DECOMPRESSED_LATENT else _int(keys, "attention.kv_lora_rank")
-    indexer = _int(keys, "attention.indexer.key_length") if _int(
-        keys, "attention.indexer.head_count"
-    ) else 0
+    indexer = (
+        _int(keys, "attention.indexer.key_length")
+        if _int(keys, "attention.indexer.head_count")
+        else 0
+    )
     widths = (rank + _int(keys, "rope.dimension_count") + indexer, 0) if rank else None
     state = _state_elements(keys=keys, n_embd=n_embd) * F32_BYTES if recurrent else 0
     unmodelled = UNMODELLED_MEMORY.get(arch) or why_not

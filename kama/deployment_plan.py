@@ -23,7 +23,6 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from kama.api import GGUFInfo, ModelArtifactStatus
-from kama.architectures import DIFFUSION_ARCHITECTURES
 from kama.api.deployment import (
     DeploymentCondition,
     MemoryBreakdown,
@@ -32,6 +31,7 @@ from kama.api.deployment import (
     ResolvedProfile,
     Runtime,
 )
+from kama.architectures import DIFFUSION_ARCHITECTURES
 from kama.conditions import ConditionUpdate
 from kama.durations import parse_duration
 from kama.memory import (

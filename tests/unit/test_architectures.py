@@ -147,7 +147,10 @@ def test_a_recurrent_model_has_no_kv_cache() -> None:
 def test_latent_attention_caches_the_latent_and_rope_part() -> None:
     """DeepSeek-V2 style MLA: `size = 72.00 MiB (32768 cells, 2 layers), K (f16): 72.00
     MiB, V (f16): 0.00 MiB` at 8192 x 4 with kv_lora_rank 512 and rope 64."""
-    keys: dict[str, int | tuple[int, ...]] = {"attention.kv_lora_rank": 512, "rope.dimension_count": 64}
+    keys: dict[str, int | tuple[int, ...]] = {
+        "attention.kv_lora_rank": 512,
+        "rope.dimension_count": 64,
+    }
     deepseek = facts(
         architecture="deepseek2", n_layer=2, n_embd=256, n_head=2, n_head_kv=2, head_dim=192,
         layout_keys=keys,
