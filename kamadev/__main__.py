@@ -11,7 +11,7 @@ import threading
 import time
 from types import FrameType
 
-from kamadev.kama_demo import DEMO_MODEL, DEMO_NAMESPACE, start_kama_demo
+from kamadev.kama_demo import DEMO_MODEL, DEMO_NAMESPACE, REAL_MODEL, start_kama_demo
 from kamadev.stack import LocalStack
 
 
@@ -34,6 +34,11 @@ def _dev(args: argparse.Namespace) -> int:
             f"-H 'Authorization: Bearer {demo.api_key}' "
             f"""-d '{{"model":"{DEMO_MODEL}","messages":[{{"role":"user","content":"Hello"}}],"max_tokens":16}}'"""
         )
+        complete = (
+            f"curl -s {demo.gateway_url}/v1/completions -H 'Content-Type: application/json' "
+            f"-H 'Authorization: Bearer {demo.api_key}' "
+            f"""-d '{{"model":"{REAL_MODEL}","prompt":"The capital of France is","max_tokens":16}}'"""
+        )
         print(
             "\n".join(
                 [
@@ -43,9 +48,12 @@ def _dev(args: argparse.Namespace) -> int:
                     f"  kubectl:      {stack.binaries.kubectl}",
                     f"  Temporal:     {stack.temporal.address}  (UI {stack.temporal.ui_url})",
                     f"  gateway:      {demo.gateway_url}  (OpenAI base URL {demo.gateway_url}/v1)",
-                    f"  demo model:   {DEMO_MODEL} (at zero replicas: the first request wakes it)",
+                    f"  demo models:  {REAL_MODEL} (Gemma 3 270M, a base model: completions)",
+                    f"                {DEMO_MODEL} (generated, with a chat template)",
+                    "                both at zero replicas: the first request wakes each",
                     f"  API key:      {demo.api_key}  (ModelAccessKey {DEMO_NAMESPACE}/demo)",
                     f"  resources:    kubectl -n {DEMO_NAMESPACE} get ma,md,pods",
+                    f"  complete:     {complete}",
                     f"  chat:         {chat}",
                     f"  logs:         {stack.workdir / 'logs'}",
                     "",

