@@ -4,18 +4,24 @@ moment to see that, wait until llama-server reports no busy slot and no gateway 
 request in flight there (each gateway that has one says so by the `gateway in flight`
 signal when it sees the pod leave, and again at zero: a request on its way in or
 queued behind llama-server's HTTP threads holds no slot yet) or the drain timeout
-passes, then delete the pod (its supervisor drains once more on SIGTERM)."""
+passes, then delete the pod (its supervisor drains once more on SIGTERM).
+
+A drain may wait as long as its deployment's drainTimeout (up to a day), so its
+history must not grow with the wait: llama-server is asked every second at first,
+then less and less often (at most every `SLOTS_POLL_MAX`), and the run continues as
+new, carrying what it knows, once its history is `HISTORY_LIMIT` events long."""
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
-from datetime import timedelta
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 from workflows.calls import CallPolicy
+from workflows.entity import HISTORY_LIMIT
 from workflows.kube_calls import call_kube
 from workflows.status import TaskStatus
 
@@ -26,6 +32,10 @@ with workflow.unsafe.imports_passed_through():
 
 ROUTERS_SETTLE = timedelta(seconds=1)
 SLOTS_POLL = timedelta(seconds=1)
+"""How often llama-server is asked about busy slots during the first `SLOTS_POLLS_AT_FIRST_PACE`."""
+SLOTS_POLLS_AT_FIRST_PACE = 30
+SLOTS_POLL_MAX = timedelta(seconds=30)
+"""After those, the pause doubles up to this: a day-long drain asks about 3,000 times."""
 SLOTS_TIMEOUT = timedelta(seconds=5)
 SLOTS_RETRY = RetryPolicy(maximum_attempts=2)
 SLOTS = CallPolicy(timeout=SLOTS_TIMEOUT, retry=SLOTS_RETRY)
@@ -37,6 +47,19 @@ class DrainInput:
     namespace: str
     pod: str
     timeout_s: float
+    # carried over when the drain continues as new (a fresh drain leaves them unset)
+    started_s: float | None = None  # epoch seconds at which the drain began
+    pod_ip: str | None = None  # the pod was marked draining; its IP
+    polls: int = 0
+    gateways: dict[str, int] = field(default_factory=dict)
+
+
+def slots_poll(polls: int) -> timedelta:
+    """The pause after the `polls`-th question about busy slots."""
+    if polls < SLOTS_POLLS_AT_FIRST_PACE:
+        return SLOTS_POLL
+    doublings = min(polls - SLOTS_POLLS_AT_FIRST_PACE + 1, 16)
+    return min(SLOTS_POLL * 2**doublings, SLOTS_POLL_MAX)
 
 
 @dataclass(frozen=True)
@@ -63,20 +86,38 @@ class DrainWorkflow(TaskStatus):
     @workflow.run
     async def run(self, request: DrainInput) -> DrainResult:
         pod = PodName(namespace=request.namespace, name=request.pod)
-        started = workflow.now()
-        self._status.doing = "marking the pod draining"
-        ip = await call_kube(ServingPodActivities.mark_draining, pod)
+        self._gateways = {**request.gateways, **self._gateways}
+        if request.started_s is None:
+            started = workflow.now()
+            self._status.doing = "marking the pod draining"
+            ip = await call_kube(ServingPodActivities.mark_draining, pod)
+            if ip:
+                await workflow.sleep(ROUTERS_SETTLE)
+        else:  # continued as new: the pod is marked already
+            started = datetime.fromtimestamp(request.started_s, tz=UTC)
+            ip = request.pod_ip
         busy = 0
+        polls = request.polls
         if ip:
-            await workflow.sleep(ROUTERS_SETTLE)
             deadline = started + timedelta(seconds=request.timeout_s)
             while True:
+                if workflow.info().get_current_history_length() > HISTORY_LIMIT:
+                    workflow.continue_as_new(
+                        replace(
+                            request,
+                            started_s=started.timestamp(),
+                            pod_ip=ip,
+                            polls=polls,
+                            gateways=dict(self._gateways),
+                        )
+                    )
                 self._status.doing = f"waiting for busy slots on {ip} to finish"
                 found = await SLOTS.schedule(
                     LlamaServerActivities.busy_slots,
                     SlotsRequest(namespace=request.namespace, pod=request.pod),
                 )
                 busy = found or 0
+                polls += 1
                 if workflow.now() >= deadline:
                     break
                 if busy == 0 and self._gateway_in_flight() == 0:
@@ -91,7 +132,9 @@ class DrainWorkflow(TaskStatus):
                             timeout=max(deadline - workflow.now(), SLOTS_POLL),
                         )
                     continue
-                await workflow.sleep(SLOTS_POLL)
+                await workflow.sleep(
+                    min(slots_poll(polls), max(deadline - workflow.now(), SLOTS_POLL))
+                )
         self._status.doing = "deleting the pod"
         await call_kube(ServingPodActivities.delete_pod, pod)
         self._status.doing = "done"
