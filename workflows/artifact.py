@@ -30,8 +30,9 @@ from temporalio.exceptions import (
     FailureError,
 )
 
-from workflows.entity import AGAIN, EntityWorkflow, Rest
+from workflows.entity import AGAIN, HISTORY_LIMIT, EntityWorkflow, Rest
 from workflows.kube_calls import CLAIM, call_kube, failure_type
+from workflows.polling import poll_interval
 
 with workflow.unsafe.imports_passed_through():
     from activities.cache import INSUFFICIENT_STORAGE
@@ -75,6 +76,9 @@ with workflow.unsafe.imports_passed_through():
 
 PROGRESS_EVERY = timedelta(seconds=2)
 DELETE_RECHECK = timedelta(seconds=30)
+DELETE_RECHECK_MAX = timedelta(minutes=5)
+"""A deletion held by ModelDeployments that use the artifact is rechecked after 30 s,
+then less often, up to every 5 minutes (such a hold can last days)."""
 CAPACITY_REPORT_PATCH = "cache-capacity-report-1"
 """The free space an import found goes to the CacheWorkflow as a `capacity report`
 signal (it owns the cache's status), also when the import did not fit, instead of
@@ -104,6 +108,7 @@ class ArtifactMemory:
     attempt: int = 0
     verifications: int = 0  # `verify` signals acted on
     verify_requested: bool = False  # a `verify` signal not acted on yet
+    deletion_held_by: list[str] | None = None  # users named by the last DeletionBlocked
 
 
 @dataclass(frozen=True)
@@ -629,19 +634,28 @@ class ArtifactWorkflow(EntityWorkflow):
     # deletion -----------------------------------------------------------------
 
     async def _finalize(self, snap: EntitySnapshot) -> None:
+        polls = 0
         while True:
+            if workflow.info().get_current_history_length() > HISTORY_LIMIT:
+                workflow.continue_as_new(self._carried_over())  # finalizes again, at once
             self._doing = "deleting: checking for ModelDeployments that use the artifact"
             users = await call_kube(KubeActivities.artifact_users, snap.ref)
             if not users:
                 break
             self._doing = f"deletion held: used by {', '.join(users)}"
-            await self._record(
-                snap,
-                type="Warning",
-                reason="DeletionBlocked",
-                message=f"still used by ModelDeployment(s) {', '.join(users)}",
+            if users != self._memory.deletion_held_by:  # when who holds it changes
+                await self._record(
+                    snap,
+                    type="Warning",
+                    reason="DeletionBlocked",
+                    message=f"still used by ModelDeployment(s) {', '.join(users)}",
+                )
+                self._memory.deletion_held_by = users
+            polls += 1
+            pause = poll_interval(
+                polls=polls, first=DELETE_RECHECK, maximum=DELETE_RECHECK_MAX, at_first_pace=1
             )
-            await asyncio.sleep(DELETE_RECHECK.total_seconds())
+            await asyncio.sleep(pause.total_seconds())
         await call_kube(
             KubeActivities.release_finalizer, FinalizerRequest(plural=ARTIFACTS, ref=snap.ref)
         )

@@ -23,9 +23,10 @@ from temporalio import workflow
 from temporalio.exceptions import ChildWorkflowError
 
 from workflows.drain import SLOTS
-from workflows.entity import EntityWorkflow, Rest
+from workflows.entity import HISTORY_LIMIT, EntityWorkflow, Rest
 from workflows.keda_handoff import KedaHandoff, keep_handoff
 from workflows.kube_calls import call_kube
+from workflows.polling import poll_interval
 
 with workflow.unsafe.imports_passed_through():
     from activities.kube import FinalizerRequest, KubeActivities
@@ -76,6 +77,10 @@ with workflow.unsafe.imports_passed_through():
 RESYNC = timedelta(minutes=5)
 RETRY_FAILED_ROLLOUT = timedelta(seconds=30)
 DELETE_POLL = timedelta(seconds=2)
+DELETE_POLL_MAX = timedelta(seconds=60)
+DELETE_POLLS_AT_FIRST_PACE = 30
+"""Deleting: pods are listed every 2 s for the first minute (drains end in seconds),
+then less often up to once a minute (a pod stuck terminating can take hours)."""
 DEFAULT_RUNTIME_IMAGE = "ghcr.io/kama-dev/kama:0.1.0"
 
 C = DeploymentCondition
@@ -655,7 +660,10 @@ class DeploymentWorkflow(EntityWorkflow):
     async def _finalize(self, snap: EntitySnapshot) -> None:
         spec = ModelDeploymentSpec.model_validate(snap.spec)
         timeout_s = parse_duration(spec.scaling.drain_timeout).total_seconds()
+        polls = 0
         while True:
+            if workflow.info().get_current_history_length() > HISTORY_LIMIT:
+                workflow.continue_as_new(self._carried_over())  # finalizes again, at once
             pods = await self._pods(snap)
             if not pods:
                 break
@@ -668,7 +676,15 @@ class DeploymentWorkflow(EntityWorkflow):
                         pod=pod.name,
                         timeout_s=timeout_s,
                     )
-            await workflow.sleep(DELETE_POLL)
+            polls += 1
+            await workflow.sleep(
+                poll_interval(
+                    polls=polls,
+                    first=DELETE_POLL,
+                    maximum=DELETE_POLL_MAX,
+                    at_first_pace=DELETE_POLLS_AT_FIRST_PACE,
+                )
+            )
         await call_kube(
             KubeActivities.release_finalizer, FinalizerRequest(plural=DEPLOYMENTS, ref=snap.ref)
         )

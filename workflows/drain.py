@@ -23,6 +23,7 @@ from temporalio.common import RetryPolicy
 from workflows.calls import CallPolicy
 from workflows.entity import HISTORY_LIMIT
 from workflows.kube_calls import call_kube
+from workflows.polling import poll_interval
 from workflows.status import TaskStatus
 
 with workflow.unsafe.imports_passed_through():
@@ -56,10 +57,12 @@ class DrainInput:
 
 def slots_poll(polls: int) -> timedelta:
     """The pause after the `polls`-th question about busy slots."""
-    if polls < SLOTS_POLLS_AT_FIRST_PACE:
-        return SLOTS_POLL
-    doublings = min(polls - SLOTS_POLLS_AT_FIRST_PACE + 1, 16)
-    return min(SLOTS_POLL * 2**doublings, SLOTS_POLL_MAX)
+    return poll_interval(
+        polls=polls,
+        first=SLOTS_POLL,
+        maximum=SLOTS_POLL_MAX,
+        at_first_pace=SLOTS_POLLS_AT_FIRST_PACE,
+    )
 
 
 @dataclass(frozen=True)

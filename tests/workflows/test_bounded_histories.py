@@ -7,12 +7,15 @@ that after about 78 minutes of polling once a second."""
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 
 from temporalio.client import Client
 
+from kama.contracts import EntitySnapshot, artifact_workflow_id
 from tests.workflows.fakes import FakePod
-from tests.workflows.scenarios import staged
+from tests.workflows.scenarios import hf_artifact_spec, new_ref, staged
 from tests.workflows.time_skipping import TimeSkippingServer
+from workflows.artifact import ArtifactInput, ArtifactWorkflow
 from workflows.drain import DrainInput, DrainResult, DrainWorkflow
 
 MAX_EVENTS_PER_RUN = 10_000
@@ -57,4 +60,34 @@ async def test_a_six_hour_drain_of_a_busy_pod(time_skipping: TimeSkippingServer)
         asked = len(stage.cluster.called("Count busy slots"))
         assert asked < 1_000, f"asked {asked} times in 6 h: the polls back off"
         lengths = await run_lengths(stage.client, workflow_id, handle.result_run_id or "")
+        assert max(lengths) < MAX_EVENTS_PER_RUN, lengths
+
+
+async def test_a_deletion_held_for_a_day(time_skipping: TimeSkippingServer) -> None:
+    """A ModelArtifact deleted while a ModelDeployment still uses it stays (its
+    finalizer held) for a day: one DeletionBlocked Event, not one every 30 s, rechecks
+    backing off, every run of the workflow short; the finalizer goes once the
+    deployment does."""
+    async with staged(time_skipping) as stage:
+        stage.cluster.artifact_users.extend([["chat"]] * 100_000)
+        snapshot = EntitySnapshot(
+            ref=new_ref("held"), generation=1, spec=hf_artifact_spec("acme/held"), deleting=True
+        )
+        handle = await stage.client.start_workflow(
+            ArtifactWorkflow.run,
+            ArtifactInput(snapshot=snapshot),
+            id=artifact_workflow_id(snapshot.ref),
+            task_queue=stage.task_queue,
+        )
+        await stage.skip(timedelta(hours=24))
+        assert not stage.cluster.called("Release finalizer"), "held while used"
+        blocked = [e for e in stage.cluster.events("held") if e.reason == "DeletionBlocked"]
+        assert len(blocked) == 1, len(blocked)
+        checks = len(stage.cluster.called("List deployments using artifact"))
+        assert 200 < checks < 400, f"{checks} rechecks in a day"
+        stage.cluster.artifact_users.clear()  # the deployment is gone
+        await stage.result(handle)
+        (released,) = stage.cluster.called("Release finalizer")
+        assert released.ref == snapshot.ref
+        lengths = await run_lengths(stage.client, handle.id, handle.result_run_id or "")
         assert max(lengths) < MAX_EVENTS_PER_RUN, lengths
