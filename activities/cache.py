@@ -1,13 +1,21 @@
 """Activities on a cache volume (staging and free space, lookup, GGUF inspection,
 publication, re-hashing), registered by the worker that runs next to the volume: the
-importer."""
+importer.
+
+The GGUF inspection also checks what the artifact's files are: the entrypoint (chosen
+from the names when the source was resolved) must be a model, not a multimodal
+projector, and every other GGUF file is either part of its shard set or the one
+projector that goes with it. A second model is refused: an artifact holds one model,
+and the facts the planner sizes replicas with are the entrypoint's alone.
+"""
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from temporalio import activity
@@ -35,9 +43,12 @@ from activities.storage import (
 )
 from kama.api import GGUFInfo
 from kama.cache_layout import Manifest, ManifestFile, artifact_digest, blob_dir, staging_dir
-from kama.gguf import InvalidGGUF, MissingShard, inspect_files
+from kama.gguf import InvalidGGUF, MissingShard, inspect_files, parse_shard_name, read_header
+from kama.sources import names_shown
 
 INSUFFICIENT_STORAGE = "InsufficientStorage"
+PROJECTOR_TYPE = "mmproj"  # general.type of a multimodal projector (llama.cpp's mtmd)
+PROJECTOR_ARCHITECTURE = "clip"  # general.architecture of one (older converters)
 
 
 @dataclass(frozen=True)
@@ -61,12 +72,83 @@ def _no_room(exc: InsufficientStorage) -> ApplicationError:
 
 
 def gguf_facts(directory: Path, files: list[DownloadedFile]) -> dict[str, Any]:
-    """The artifact status's GGUF facts, one header in memory at a time."""
+    """GGUF facts of `files` taken as one model (one file or a complete shard set), one
+    header in memory at a time, in the shape of the artifact status's ``gguf``."""
     paths = [directory / f.path for f in files if f.path.endswith(".gguf")]
     if not paths:
         raise InvalidGGUF("the artifact holds no .gguf file")
     facts = inspect_files(paths)
     return GGUFInfo.from_facts(facts).model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+@dataclass(frozen=True)
+class ArtifactGGUF:
+    """What an artifact's GGUF files are: the model's facts and its projector, if any."""
+
+    facts: dict[str, Any]
+    projector: str | None
+
+
+def _projector_kind(path: Path) -> str | None:
+    """Why the GGUF file at `path` is a multimodal projector (the metadata that says
+    so), or None when it is not one. Reads and checks the header only."""
+    with path.open("rb") as f:
+        metadata = read_header(f, file_size=os.fstat(f.fileno()).st_size).metadata
+    if metadata.get("general.type") == PROJECTOR_TYPE:
+        return f"general.type {PROJECTOR_TYPE}"
+    if metadata.get("general.architecture") == PROJECTOR_ARCHITECTURE:
+        return f"general.architecture {PROJECTOR_ARCHITECTURE}"
+    return None
+
+
+def _model_files(*, entrypoint: str, paths: list[str]) -> list[str]:
+    """The entrypoint and, when it is a first shard, the rest of its set."""
+    shard = parse_shard_name(entrypoint)
+    if shard is None:
+        return [entrypoint]
+    parent = PurePosixPath(entrypoint).parent
+    return [
+        p
+        for p in paths
+        if PurePosixPath(p).parent == parent
+        and (s := parse_shard_name(p)) is not None
+        and (s[0], s[2]) == (shard[0], shard[2])
+    ]
+
+
+def inspect_artifact(
+    *, directory: Path, files: list[DownloadedFile], entrypoint: str
+) -> ArtifactGGUF:
+    """Check that `entrypoint` is a model and every other GGUF file of the artifact is
+    part of its shard set or its one projector; the facts are the model's. Raises
+    InvalidGGUF (for a file that is not what it should be) or MissingShard."""
+    paths = sorted(f.path for f in files if f.path.endswith(".gguf"))
+    if entrypoint not in paths:
+        raise InvalidGGUF(f"the entrypoint {entrypoint} is not a .gguf file of the artifact")
+    model = _model_files(entrypoint=entrypoint, paths=paths)
+    kind = _projector_kind(directory / entrypoint)
+    if kind is not None:
+        raise InvalidGGUF(
+            f"{entrypoint} is a multimodal projector ({kind}), not a model: "
+            "set spec.entrypoint to the model file"
+        )
+    projectors = []
+    for path in paths:
+        if path in model:
+            continue
+        if _projector_kind(directory / path) is None:
+            raise InvalidGGUF(
+                f"{path} is a second model next to {entrypoint}: an artifact holds one "
+                "model (and at most one multimodal projector); select one model's files"
+            )
+        projectors.append(path)
+    if len(projectors) > 1:
+        raise InvalidGGUF(
+            f"{len(projectors)} multimodal projectors ({names_shown(projectors)}): "
+            "an artifact holds at most one; select the one that goes with the model"
+        )
+    facts = gguf_facts(directory, [f for f in files if f.path in model])
+    return ArtifactGGUF(facts=facts, projector=projectors[0] if projectors else None)
 
 
 class CacheActivities:
@@ -113,7 +195,9 @@ class CacheActivities:
         else:
             directory = root / staging_dir(request.operation_id) / "files"
         try:
-            facts = gguf_facts(directory, request.files)
+            found = inspect_artifact(
+                directory=directory, files=request.files, entrypoint=request.entrypoint
+            )
         except InvalidGGUF as exc:
             shutil.rmtree(root / staging_dir(request.operation_id), ignore_errors=True)
             raise ApplicationError(str(exc), type="InvalidGGUF", non_retryable=True) from None
@@ -126,7 +210,9 @@ class CacheActivities:
             artifact_digest=artifact_digest(entries),
             total_size=manifest.total_size,
             directory=str(final),
-            facts=facts,
+            facts=found.facts,
+            entrypoint=request.entrypoint,
+            projector=found.projector,
         )
 
     @activity.defn(name="Re-hash published artifact")

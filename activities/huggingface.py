@@ -104,6 +104,7 @@ class HuggingFaceActivities:
         ]
         try:
             chosen = select_files(requested=source.files, available=available)
+            model = entrypoint(chosen, requested=source.entrypoint)
         except MissingShard as exc:
             raise ApplicationError(str(exc), type="MissingShard", non_retryable=True) from None
         except FileSelectionError as exc:
@@ -111,7 +112,7 @@ class HuggingFaceActivities:
         return ResolvedSource(
             commit=info.sha,
             files=[ResolvedFile(path=f.path, size=f.size, sha256=f.sha256) for f in chosen],
-            entrypoint=entrypoint(chosen),
+            entrypoint=model,
         )
 
     @activity.defn(name="Download file into cache staging")

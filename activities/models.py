@@ -19,6 +19,9 @@ class HuggingFaceSource:
     # send the token the importer pod has mounted (the artifact's tokenSecretRef); the
     # Hub endpoint and the token's path are the importer's own settings, never an input
     use_token: bool = False
+    # spec.entrypoint: the model among `files` (a path in the repository); None = the
+    # only candidate (a default, so histories recorded before the field still decode)
+    entrypoint: str | None = None
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,11 @@ class PublishedArtifact:
     artifact_digest: str
     total_size: int
     directory: str
-    facts: dict[str, Any] = field(default_factory=dict)
+    facts: dict[str, Any] = field(default_factory=dict)  # of the entrypoint's file(s) only
+    # the model llama-server serves and the multimodal projector next to it, if any
+    # (paths relative to `directory`; defaults so that older histories still decode)
+    entrypoint: str = ""
+    projector: str | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +104,9 @@ class PvcSource:
     root: str
     path: str
     direct: bool = False
+    # spec.entrypoint: the model's file name in the directory at `path` (or its path
+    # from the claim's root); None = the only candidate
+    entrypoint: str | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +132,8 @@ class InPlaceArtifact:
     total_size: int
     base_path: str  # directory of the files, relative to the claim root
     facts: dict[str, Any] = field(default_factory=dict)
+    entrypoint: str = ""  # file name in `base_path`, as in PublishedArtifact
+    projector: str | None = None
 
 
 @dataclass

@@ -12,12 +12,12 @@ from __future__ import annotations
 import os
 import stat
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.cache import gguf_facts
+from activities.cache import inspect_artifact
 from activities.models import (
     CopyRequest,
     DownloadedFile,
@@ -77,6 +77,18 @@ def source_identity(path: Path) -> str:
     return f"{path} dev={info.st_dev} ino={info.st_ino} size={info.st_size} mtime={info.st_mtime_ns} ctime={info.st_ctime_ns}"
 
 
+def _requested(name: str | None, chosen: list[SourceFile]) -> str | None:
+    """``spec.entrypoint`` as the path of one of `chosen` (paths from the claim's root):
+    a file name in the source directory, or already such a path. A name that is
+    neither is passed on unchanged, for `entrypoint` to refuse it."""
+    if name is None or name in {f.path for f in chosen}:
+        return name
+    for f in chosen:
+        if PurePosixPath(f.path).name == name:
+            return f.path
+    return name
+
+
 class PvcSourceActivities:
     @activity.defn(name="Resolve volume source")
     def resolve(self, source: PvcSource) -> ResolvedSource:
@@ -101,6 +113,7 @@ class PvcSourceActivities:
             raise _refuse(f"no .gguf file at {source.path!r}")
         try:
             chosen = select_files(requested=names, available=available)
+            model = entrypoint(chosen, requested=_requested(source.entrypoint, chosen))
         except MissingShard as exc:
             raise ApplicationError(str(exc), type="MissingShard", non_retryable=True) from None
         except FileSelectionError as exc:
@@ -108,7 +121,7 @@ class PvcSourceActivities:
         return ResolvedSource(
             commit="",
             files=[ResolvedFile(path=f.path, size=f.size, sha256=None) for f in chosen],
-            entrypoint=entrypoint(chosen),
+            entrypoint=model,
         )
 
     @activity.defn(name="Copy file into cache staging")
@@ -161,13 +174,15 @@ class PvcSourceActivities:
             done += f.size
         parent = str(Path(request.entrypoint).parent)
         base_path = "" if parent == "." else parent
+        model = Path(request.entrypoint).name
         try:
-            facts = gguf_facts(
-                root.resolve() / base_path if base_path else root.resolve(),
-                [
+            found = inspect_artifact(
+                directory=root.resolve() / base_path if base_path else root.resolve(),
+                files=[
                     DownloadedFile(path=Path(f.path).name, size=f.size, sha256=f.sha256)
                     for f in files
                 ],
+                entrypoint=model,
             )
         except InvalidGGUF as exc:
             raise ApplicationError(str(exc), type="InvalidGGUF", non_retryable=True) from None
@@ -176,12 +191,14 @@ class PvcSourceActivities:
         entries = [
             ManifestFile(path=Path(f.path).name, size=f.size, sha256=f.sha256) for f in files
         ]
-        manifest = Manifest.build(files=entries, entrypoint=Path(request.entrypoint).name)
+        manifest = Manifest.build(files=entries, entrypoint=model)
         return InPlaceArtifact(
             files=files,
             manifest_digest=manifest.digest,
             artifact_digest=artifact_digest(entries),
             total_size=manifest.total_size,
             base_path=base_path,
-            facts=facts,
+            facts=found.facts,
+            entrypoint=model,
+            projector=found.projector,
         )

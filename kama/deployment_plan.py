@@ -34,9 +34,11 @@ from kama.api.deployment import (
 from kama.architectures import DIFFUSION_ARCHITECTURES
 from kama.conditions import ConditionUpdate
 from kama.durations import parse_duration
+from kama.gguf import parse_shard_name
 from kama.memory import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MICRO_BATCH_SIZE,
+    LEGACY_RULES,
     MIB,
     DeviceEstimate,
     ModelFacts,
@@ -250,10 +252,25 @@ def nodes_holding_claim(*, pods: Sequence[Mapping[str, Any]], claim: str) -> lis
 
 
 def entrypoint_of(status: ModelArtifactStatus) -> str:
+    """The file llama-server serves: ``status.entrypoint``, or for an artifact published
+    before that field existed its only model (one .gguf file or one shard set's first
+    shard). Several files without it are not guessed: the one that sorts first may be
+    a multimodal projector."""
+    if status.entrypoint:
+        return status.entrypoint
     ggufs = sorted(f.path for f in status.files if f.path.endswith(".gguf"))
     if not ggufs:
         raise ArtifactNotUsable("artifact status lists no .gguf file")
-    return ggufs[0]
+    shards = [parse_shard_name(p) for p in ggufs]
+    if len(ggufs) == 1 or (
+        all(shards) and len({(s[0], s[2]) for s in shards if s is not None}) == 1
+    ):
+        return ggufs[0]
+    raise ArtifactNotUsable(
+        f"artifact status lists {len(ggufs)} .gguf files ({', '.join(ggufs)}) and no "
+        "status.entrypoint (published by an older Kama): recreate the artifact, with "
+        "spec.entrypoint naming the model file, so that its status names it"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -329,15 +346,32 @@ def decide_deployment(
     image: str,
     claim_nodes: Sequence[str] = (),
     one_node_claims: bool = True,
+    legacy_estimate: bool = False,
 ) -> DeploymentDecision:
     """Plan one replica and build its template; FitFailed gives no template.
 
     `claim_nodes`: where pods already mount the artifact's claim. With
     `one_node_claims` (False only to replay what workflows decided before it existed),
-    a claim one node at a time can mount keeps every replica on one node."""
+    a claim one node at a time can mount keeps every replica on one node.
+    `legacy_estimate` (only to replay decisions recorded before #26) estimates memory
+    as the first estimator did: every layer at the full context, a logits row per
+    batch token."""
     if artifact.gguf is None or artifact.serving_location is None or not artifact.manifest_digest:
         raise ArtifactNotUsable("artifact status lacks gguf facts, servingLocation or digest")
     facts = model_facts(artifact.gguf)
+    if legacy_estimate:
+        facts = replace(
+            facts,
+            sliding_window=None,
+            sliding_layers=frozenset(),
+            kv_free_layers=frozenset(),
+            kv_widths=None,
+            recurrent_layers=frozenset(),
+            recurrent_bytes_per_layer=0,
+            unmodelled=None,
+            unmodelled_floor_bytes=0,
+            rules=LEGACY_RULES,
+        )
     envelope = runtime_envelope(spec.runtime)
     location = artifact.serving_location
     allowed = nodes_that_mount(affinity=location.node_affinity, nodes=nodes)

@@ -129,6 +129,36 @@ SAMPLER_BYTES_PER_TOKEN: Final = 12
 """Host RAM per vocabulary token per slot: each slot's sampler keeps a candidates array
 of ``llama_token_data`` (id, logit, probability: 12 bytes) for the whole vocabulary."""
 
+
+@dataclass(frozen=True, kw_only=True)
+class EstimateRules:
+    """The host-side constants and the logits rule of one version of the estimator.
+    Placement is decided inside the deployment workflow, so a decision recorded before
+    a change of the estimator must replay with the rules it was made with
+    (``LEGACY_RULES``, behind a ``workflow.patched`` marker); new decisions use
+    ``CURRENT_RULES``."""
+
+    host_overhead_bytes: int
+    vocab_bytes_per_token: int
+    sampler_bytes_per_token: int
+    logits_per_slot: bool  # one logits row per slot (True) or per batch token (False)
+
+
+CURRENT_RULES: Final = EstimateRules(
+    host_overhead_bytes=HOST_OVERHEAD_BYTES,
+    vocab_bytes_per_token=VOCAB_BYTES_PER_TOKEN,
+    sampler_bytes_per_token=SAMPLER_BYTES_PER_TOKEN,
+    logits_per_slot=True,
+)
+LEGACY_RULES: Final = EstimateRules(
+    host_overhead_bytes=16 * MIB,
+    vocab_bytes_per_token=0,
+    sampler_bytes_per_token=0,
+    logits_per_slot=False,
+)
+"""The estimator before #26: a logits row per batch token on the host and per micro
+batch token in the compute buffer, every layer's KV at the full context."""
+
 DEFAULT_BATCH_SIZE: Final = 2048
 """llama.cpp's default ``--batch-size``."""
 
@@ -231,6 +261,8 @@ class ModelFacts:
     """What of the architecture's memory is not sized here: the estimate then adds an
     allowance (``UNMODELLED_SHARE``) and says so."""
     unmodelled_floor_bytes: int = 0
+    rules: EstimateRules = CURRENT_RULES
+    """The estimator version to apply (``LEGACY_RULES`` only to replay old decisions)."""
 
     def __post_init__(self) -> None:
         _require_positive(
@@ -518,7 +550,8 @@ def _compute_bytes(
         scores = 0 if envelope.flash_attention_estimated else ctx * ub * model.n_head * F32_BYTES
         total += scores + ctx * ub * KQ_MASK_BYTES
     if holds_output:
-        total += min(ub, output_count(envelope=envelope)) * model.n_vocab * F32_BYTES
+        rows = min(ub, output_count(envelope=envelope)) if model.rules.logits_per_slot else ub
+        total += rows * model.n_vocab * F32_BYTES
     return total
 
 
@@ -549,9 +582,11 @@ def estimate_memory(
         output = 0
         if is_host:
             weights += model.host_only_weight_bytes
-            output = output_count(envelope=envelope) * model.n_vocab * F32_BYTES
-            overhead = HOST_OVERHEAD_BYTES + model.n_vocab * (
-                VOCAB_BYTES_PER_TOKEN + SAMPLER_BYTES_PER_TOKEN * envelope.concurrency
+            rules = model.rules
+            rows = output_count(envelope=envelope) if rules.logits_per_slot else envelope.batch_size
+            output = rows * model.n_vocab * F32_BYTES
+            overhead = rules.host_overhead_bytes + model.n_vocab * (
+                rules.vocab_bytes_per_token + rules.sampler_bytes_per_token * envelope.concurrency
             )
             overhead += (envelope.prompt_cache_mib or 0) * MIB
             overhead += CUDA_HOST_RUNTIME_BYTES if gpus else 0

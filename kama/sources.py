@@ -1,5 +1,13 @@
 """Which files of a source make up an artifact: exact names, or one shard pattern
-expanded against the repository's listing and checked for completeness. Pure.
+expanded against the repository's listing and checked for completeness; and which of
+them is the model llama-server serves (the entrypoint). Pure.
+
+An artifact holds one model: one file or one complete shard set, possibly next to
+other GGUF files such as a multimodal projector (``mmproj-*.gguf``). The entrypoint is
+chosen here, when the source is resolved: ``spec.entrypoint`` when given, else the only
+candidate model (a first shard, or a plain ``.gguf`` whose name does not say
+``mmproj``). Two candidates are refused rather than guessed: the name that sorts first
+is often the projector. The publish step reads the headers and checks the choice.
 
 The names come from the source (a Hub listing, a directory on a claim) and become
 paths in the cache, so each chosen name is checked here, when the source is resolved:
@@ -19,6 +27,7 @@ from kama.cache_layout import RESERVED_NAMES, InvalidPath, safe_relative_path
 from kama.gguf import MissingShard, parse_shard_name
 
 MAX_FILES = 128
+NAMES_SHOWN = 8  # file names a message lists before "and N more"
 
 
 class FileSelectionError(ValueError):
@@ -80,18 +89,15 @@ def _check_name(name: str) -> None:
 
 
 def _check_shards(names: list[str]) -> None:
-    shards = [parse_shard_name(n) for n in names]
-    if not any(shards):
+    """At most one shard set, complete; plain files (a projector) may sit next to it."""
+    shards = [s for s in (parse_shard_name(n) for n in names) if s is not None]
+    if not shards:
         return
-    if not all(shards):
-        raise FileSelectionError(
-            "files: shard files and plain files cannot be mixed in one artifact"
-        )
-    sets = {(s[0], s[2]) for s in shards if s}
+    sets = {(s[0], s[2]) for s in shards}
     if len(sets) != 1:
         raise FileSelectionError(f"files: {len(sets)} different shard sets selected, expected one")
     ((stem, count),) = sets
-    present = {s[1] for s in shards if s}
+    present = {s[1] for s in shards}
     missing = sorted(set(range(1, count + 1)) - present)
     if missing:
         raise MissingShard(
@@ -100,11 +106,64 @@ def _check_shards(names: list[str]) -> None:
         )
 
 
-def entrypoint(files: list[SourceFile]) -> str:
-    """The file llama-server is pointed at: the only file or the first shard."""
+def names_shown(paths: list[str]) -> str:
+    """`paths` for a message: the first few, then how many more."""
+    more = len(paths) - NAMES_SHOWN
+    return ", ".join(paths[:NAMES_SHOWN]) + (f" and {more} more" if more > 0 else "")
+
+
+def looks_like_projector(path: str) -> bool:
+    """Whether a file's name says it is a multimodal projector (``mmproj``), which is
+    never the model llama-server is given. Only a hint: the publish step reads the
+    header (``general.type``) to be sure."""
+    return "mmproj" in PurePosixPath(path).name.lower()
+
+
+def _candidates(files: list[SourceFile]) -> list[str]:
+    """The files that could be the model: first shards and plain .gguf files that are
+    not named as projectors."""
+    found = []
     for f in files:
-        parsed = parse_shard_name(f.path)
-        if parsed is not None and parsed[1] == 1:
-            return f.path
-    gguf = [f.path for f in files if f.path.endswith(".gguf")]
-    return gguf[0] if gguf else files[0].path
+        shard = parse_shard_name(f.path)
+        if shard is not None:
+            if shard[1] == 1:
+                found.append(f.path)
+        elif f.path.endswith(".gguf") and not looks_like_projector(f.path):
+            found.append(f.path)
+    return found
+
+
+def entrypoint(files: list[SourceFile], *, requested: str | None) -> str:
+    """The file llama-server is pointed at: `requested` (``spec.entrypoint``, which must
+    be one of `files` and, for a shard set, its first shard), else the only candidate
+    model among `files`."""
+    paths = [f.path for f in files]
+    if not paths:
+        raise FileSelectionError("files: no file selected, so no model file")
+    shown = names_shown(paths)
+    if requested is not None:
+        if requested not in paths:
+            raise FileSelectionError(f"spec.entrypoint {requested!r} is not one of {shown}")
+        shard = parse_shard_name(requested)
+        if shard is not None and shard[1] != 1:
+            stem, _, count = shard
+            first = str(PurePosixPath(requested).with_name(f"{stem}-00001-of-{count:05d}.gguf"))
+            raise FileSelectionError(
+                f"spec.entrypoint {requested!r} is shard {shard[1]} of {count}: "
+                f"name the first shard, {first!r}"
+            )
+        if not requested.endswith(".gguf"):
+            raise FileSelectionError(f"spec.entrypoint {requested!r} is not a .gguf file")
+        return requested
+    candidates = _candidates(files)
+    if not candidates:
+        raise FileSelectionError(
+            f"files: no model file among {shown} (a .gguf file or the first shard of a "
+            "set, not a projector named mmproj)"
+        )
+    if len(candidates) > 1:
+        raise FileSelectionError(
+            f"files: {len(candidates)} candidate model files ({names_shown(candidates)}): "
+            "an artifact serves one model, set spec.entrypoint to the one llama-server serves"
+        )
+    return candidates[0]

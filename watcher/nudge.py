@@ -4,11 +4,19 @@ On first sight the watcher adds Kama's finalizer (so deletion waits for the
 workflow), then signal-with-starts `<prefix>/<ns>/<name>/<uid>` with the latest
 spec. Workflow IDs are deterministic and the signal is an idempotent nudge, so any
 number of watchers may run at once.
+
+An event that changes nothing a workflow reads (a status write, most often the
+workflow's own) is not signalled: the snapshot it would carry has the generation and
+deletion state of the last one sent for that object. Otherwise every status write
+would come back to its workflow as a signal, and its history would grow with its
+writes. Such an event still nudges once `RENUDGE_AFTER_S` has passed since the last
+nudge of the object, so a workflow ended by hand is restarted by the next event.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +46,8 @@ from workflows.cache import CacheInput, CacheWorkflow
 from workflows.deployment import DeploymentInput, DeploymentWorkflow
 
 log = logging.getLogger("kama.watcher")
+
+RENUDGE_AFTER_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -125,12 +135,16 @@ class Nudger:
         custom: k8s.CustomObjectsApi,
         settings: Settings,
         entity: EntityKind,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
         self.custom = custom
         self.settings = settings
         self.task_queue = settings.control_task_queue
         self.entity = entity
+        self._clock = clock
+        # uid -> (generation, deleting) last signalled, and when
+        self._nudged: dict[str, tuple[tuple[int, bool], float]] = {}
 
     def ensure_finalizer(self, obj: dict[str, Any]) -> bool:
         """Add the finalizer unless present or deleting; False if the object is gone."""
@@ -161,12 +175,25 @@ class Nudger:
             raise
         return True
 
+    def _unchanged(self, snap: EntitySnapshot) -> bool:
+        """Whether the workflow was last sent a snapshot of this object with the same
+        generation and deletion state, recently."""
+        last = self._nudged.get(snap.ref.uid)
+        return (
+            last is not None
+            and last[0] == (snap.generation, snap.deleting)
+            and self._clock() - last[1] < RENUDGE_AFTER_S
+        )
+
     async def nudge(self, event_type: str, obj: dict[str, Any]) -> None:
         if event_type == "DELETED":
+            self._nudged.pop(obj.get("metadata", {}).get("uid", ""), None)
             return  # the finalizer guarantees the workflow saw the deletion first
         if not self.ensure_finalizer(obj):
             return
         snap = snapshot_of(obj, cluster=self.settings.cluster)
+        if self._unchanged(snap):
+            return
         await self.client.start_workflow(
             self.entity.run,
             self.entity.make_input(snap, self.settings),
@@ -183,6 +210,7 @@ class Nudger:
             ),
             memo={"spec": self.entity.summary(snap.spec)},
         )
+        self._nudged[snap.ref.uid] = ((snap.generation, snap.deleting), self._clock())
         log.info(
             "nudged %s (generation %d%s)",
             self.entity.workflow_id(snap.ref),

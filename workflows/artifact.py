@@ -75,6 +75,14 @@ with workflow.unsafe.imports_passed_through():
     from workflows.verify_model import VerifyInput, VerifyResult, VerifyWorkflow
 
 PROGRESS_EVERY = timedelta(seconds=2)
+PROGRESS_EVERY_MAX = timedelta(seconds=30)
+PROGRESS_POLLS_AT_FIRST_PACE = 15
+PROGRESS_STEP = 100
+"""An import's progress is read every 2 s for 30 s, then backing off to every 30 s,
+and written to the status when it moved by 1/PROGRESS_STEP of the total (or at the
+end); the importer pod is checked only when no progress was seen."""
+PROGRESS_ON_CHANGE = "progress-on-change-1"
+"""Patch marker: histories from before it replay the read-write-check-every-2-s loop."""
 DELETE_RECHECK = timedelta(seconds=30)
 DELETE_RECHECK_MAX = timedelta(minutes=5)
 """A deletion held by ModelDeployments that use the artifact is rechecked after 30 s,
@@ -148,6 +156,8 @@ def in_place_result(verified: VerifyResult) -> ImportResult:
         total_size=found.total_size,
         directory=found.base_path,
         facts=found.facts,
+        entrypoint=found.entrypoint,
+        projector=found.projector,
     )
     return ImportResult(commit="", files=files, artifact=artifact, reused=False, in_place=True)
 
@@ -274,8 +284,13 @@ class ArtifactWorkflow(EntityWorkflow):
                 revision=hf.revision,
                 files=list(hf.files),
                 use_token=token is not None,
+                entrypoint=spec.entrypoint,
             ),
-            pvc=None if pvc is None else PvcSource(root=SOURCE_MOUNT, path=pvc.path, direct=direct),
+            pvc=None
+            if pvc is None
+            else PvcSource(
+                root=SOURCE_MOUNT, path=pvc.path, direct=direct, entrypoint=spec.entrypoint
+            ),
             cache_root="" if direct else CACHE_MOUNT,
             importer_task_queue=queue,
             expected_sha256=spec.expected_sha256,
@@ -412,6 +427,8 @@ class ArtifactWorkflow(EntityWorkflow):
         """Wait for a child on the importer's queue, mirroring the download progress of
         workflow `progress_of` into the status and recreating the importer pod if it
         was deleted; the child's result."""
+        if workflow.patched(PROGRESS_ON_CHANGE):
+            return await self._watch_changes(snap, child, pod_request, progress_of=progress_of)
         while True:
             done, _ = await workflow.wait([child], timeout=PROGRESS_EVERY.total_seconds())
             if done:
@@ -435,6 +452,47 @@ class ArtifactWorkflow(EntityWorkflow):
             await call_kube(
                 KubeActivities.ensure_importer_pod, pod_request
             )  # recreated if it was deleted
+
+    async def _watch_changes(
+        self,
+        snap: EntitySnapshot,
+        child: workflow.ChildWorkflowHandle[Any, Result],
+        pod_request: ImporterPod,
+        *,
+        progress_of: str | None,
+    ) -> Result:
+        """`_watch` with backing-off polls, status writes on a 1 % change, and the
+        importer pod checked only while no progress shows."""
+        polls, written, last_done = 0, -1, -1
+        while True:
+            polls += 1
+            pause = poll_interval(
+                polls=polls,
+                first=PROGRESS_EVERY,
+                maximum=PROGRESS_EVERY_MAX,
+                at_first_pace=PROGRESS_POLLS_AT_FIRST_PACE,
+            )
+            done, _ = await workflow.wait([child], timeout=pause.total_seconds())
+            if done:
+                return child.result()
+            advanced = False
+            if progress_of is not None:
+                progress: ImportProgress = await call_kube(
+                    ProgressActivities.import_progress, ProgressRequest(workflow_id=progress_of)
+                )
+                total, now_done = progress.bytes_total, progress.bytes_done
+                advanced = now_done != last_done and last_done >= 0
+                last_done = now_done
+                if total and (written < 0 or now_done - written >= max(1, total // PROGRESS_STEP)):
+                    await self._write(
+                        snap,
+                        phase=ArtifactPhase.IMPORTING,
+                        extra={"progress": {"bytesDone": now_done, "bytesTotal": total}},
+                        conditions=[],
+                    )
+                    written = now_done
+            if not advanced:  # nothing moved: the importer pod may be gone
+                await call_kube(KubeActivities.ensure_importer_pod, pod_request)
 
     async def _tell_cache(
         self,
@@ -489,7 +547,9 @@ class ArtifactWorkflow(EntityWorkflow):
             operation,
             VerifyInput(
                 importer_task_queue=importer_task_queue(snap.ref, operation=operation),
-                pvc=PvcSource(root=SOURCE_MOUNT, path=pvc.path, direct=True)
+                pvc=PvcSource(
+                    root=SOURCE_MOUNT, path=pvc.path, direct=True, entrypoint=spec.entrypoint
+                )
                 if direct and pvc is not None
                 else None,
                 cache_root="" if direct else CACHE_MOUNT,
@@ -575,6 +635,10 @@ class ArtifactWorkflow(EntityWorkflow):
         }
         if result.commit:
             extra["resolvedCommit"] = result.commit
+        if art.entrypoint:  # "" from an importer older than the field
+            extra["entrypoint"] = art.entrypoint
+        if art.projector:
+            extra["projector"] = art.projector
         how = (
             "reused the published blob"
             if result.reused

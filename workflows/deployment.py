@@ -127,6 +127,9 @@ WAKE_CRITICAL_PATH = "wake-critical-path-1"
 PAUSE_AFTER_FAILED_ROLLOUT = "pause-after-failed-rollout-1"
 # a claim one node at a time can mount keeps every replica on one node:
 ONE_NODE_CLAIMS = "one-node-claims-1"
+# memory estimated for real architectures (logits per slot, sliding windows, recurrent
+# state, vocabulary); decisions recorded before replay with the old estimator:
+MEMORY_ESTIMATE_2 = "memory-estimate-2"
 # a status that differs only by the Ready condition (carried over from code without
 # it) is written:
 READY_ALONE = "ready-condition-1"
@@ -355,6 +358,7 @@ class DeploymentWorkflow(EntityWorkflow):
                 image=self._image,
                 claim_nodes=inputs.claim_nodes,
                 one_node_claims=workflow.patched(ONE_NODE_CLAIMS),
+                legacy_estimate=not workflow.patched(MEMORY_ESTIMATE_2),
             )
         except ArtifactNotUsable as exc:
             self._doing = "waiting for a usable artifact"

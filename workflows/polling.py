@@ -19,4 +19,4 @@ def poll_interval(
     if polls <= at_first_pace:
         return first
     doublings = min(polls - at_first_pace, MAX_DOUBLINGS)
-    return min(first * 2**doublings, maximum)
+    return min(first * (1 << doublings), maximum)

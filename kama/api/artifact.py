@@ -1,4 +1,5 @@
-"""The ModelArtifact resource: one immutable GGUF file or a complete shard set.
+"""The ModelArtifact resource: one immutable GGUF model (a file or a complete shard set),
+optionally with the multimodal projector that goes with it.
 
 An artifact names where the bytes come from (a Hugging Face repository, or a path in an
 existing PersistentVolumeClaim), which ModelCache they are published into, and
@@ -45,6 +46,8 @@ __all__ = [
     "CACHE_REF_IMMUTABLE_RULE",
     "CACHE_REQUIRED_FOR_COPY_RULE",
     "CACHE_REQUIRED_FOR_HF_RULE",
+    "ENTRYPOINT_IMMUTABLE_RULE",
+    "ENTRYPOINT_RULES",
     "EXPECTED_SHA256_IMMUTABLE_RULE",
     "EXPECTED_SIZE_IMMUTABLE_RULE",
     "HF_FILES_RULES",
@@ -166,6 +169,8 @@ REVISION_RULES: Final = (
 
 PVC_PATH_RULES: Final = relative_path_rules("spec.source.persistentVolumeClaim.path")
 
+ENTRYPOINT_RULES: Final = relative_path_rules("spec.entrypoint")
+
 ONE_SOURCE_RULE: Final = CelRule(
     rule="has(self.huggingFace) != has(self.persistentVolumeClaim)",
     message=(
@@ -213,6 +218,7 @@ SOURCE_IMMUTABLE_RULE: Final = _immutable_once_set("source")
 CACHE_REF_IMMUTABLE_RULE: Final = _immutable_once_set("cacheRef")
 EXPECTED_SHA256_IMMUTABLE_RULE: Final = _immutable_once_set("expectedSHA256")
 EXPECTED_SIZE_IMMUTABLE_RULE: Final = _immutable_once_set("expectedSize")
+ENTRYPOINT_IMMUTABLE_RULE: Final = _immutable_once_set("entrypoint")
 
 ARTIFACT_SPEC_RULES: Final = (
     CACHE_REQUIRED_FOR_HF_RULE,
@@ -222,8 +228,9 @@ ARTIFACT_SPEC_RULES: Final = (
     CACHE_REF_IMMUTABLE_RULE,
     EXPECTED_SHA256_IMMUTABLE_RULE,
     EXPECTED_SIZE_IMMUTABLE_RULE,
+    ENTRYPOINT_IMMUTABLE_RULE,
 )
-"""CEL rules on ModelArtifact.spec (the last four are transition rules)."""
+"""CEL rules on ModelArtifact.spec (the last five are transition rules)."""
 
 
 # ----- spec ---------------------------------------------------------------------------
@@ -252,6 +259,10 @@ def _check_revision(value: str) -> str:
 
 def _check_pvc_path(value: str) -> str:
     return check_relative_path(value, field="spec.source.persistentVolumeClaim.path")
+
+
+def _check_entrypoint(value: str) -> str:
+    return check_relative_path(value, field="spec.entrypoint")
 
 
 HuggingFaceFile = Annotated[
@@ -289,7 +300,8 @@ class HuggingFaceSource(SpecModel):
     ]
     """Paths of the GGUF files in the repository: one file, the files of one shard set,
     or one shard pattern such as model-*-of-*.gguf (or the first shard's name,
-    model-00001-of-00003.gguf) that stands for the complete set."""
+    model-00001-of-00003.gguf) that stands for the complete set. A model's files may be
+    listed with its multimodal projector (e.g. mmproj-model-f16.gguf)."""
     token_secret_ref: SecretKeySelector | None = None
     """Secret key (same namespace) holding a Hugging Face access token, for gated or
     private repositories."""
@@ -335,8 +347,8 @@ class ArtifactSource(SpecModel):
 
 
 class ModelArtifactSpec(SpecModel):
-    """What to import. Source, cacheRef, expectedSHA256 and expectedSize cannot be
-    changed once set: create a new artifact instead."""
+    """What to import. Source, cacheRef, expectedSHA256, expectedSize and entrypoint
+    cannot be changed once set: create a new artifact instead."""
 
     model_config = ConfigDict(json_schema_extra=cel(*ARTIFACT_SPEC_RULES))
 
@@ -353,6 +365,23 @@ class ModelArtifactSpec(SpecModel):
     artifact, the artifact digest (status.artifactDigest) for a shard set."""
     expected_size: int | None = Field(default=None, ge=1)
     """Total size in bytes the model's files must have."""
+    entrypoint: (
+        Annotated[
+            str,
+            Field(
+                min_length=1,
+                max_length=_MAX_PATH,
+                pattern=RELATIVE_PATH_PATTERN,
+                json_schema_extra=cel(*ENTRYPOINT_RULES),
+            ),
+            AfterValidator(_check_entrypoint),
+        ]
+        | None
+    ) = None
+    """The file llama-server serves as the model (for a shard set, its first shard): one
+    of spec.source.huggingFace.files, or a file name in the directory at
+    spec.source.persistentVolumeClaim.path. Required when the selected files hold more
+    than one candidate model; a multimodal projector (mmproj) is never one."""
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -607,8 +636,14 @@ class ModelArtifactStatus(KamaModel):
     """First 12 hex characters of artifactDigest (for kubectl get)."""
     total_size: int | None = Field(default=None, ge=0)
     """Total size of the files in bytes."""
+    entrypoint: str | None = Field(default=None, max_length=_MAX_PATH)
+    """The model file llama-server serves (for a shard set, its first shard), relative
+    to the artifact root."""
+    projector: str | None = Field(default=None, max_length=_MAX_PATH)
+    """The multimodal projector file (general.type mmproj) next to the model, if the
+    artifact has one, relative to the artifact root."""
     gguf: GGUFInfo | None = None
-    """Facts from the GGUF header(s)."""
+    """Facts from the GGUF header(s) of the model (the entrypoint's file or shard set)."""
     serving_location: ServingLocation | None = None
     """Where serving pods mount the artifact; set once it is Ready."""
     progress: ImportProgress | None = None
