@@ -46,6 +46,7 @@ async def run_worker(settings: Settings) -> None:
     from workflows.deployment import DeploymentWorkflow
     from workflows.drain import DrainWorkflow
     from workflows.import_model import ImportWorkflow
+    from workflows.import_watch import ImportWatchWorkflow
     from workflows.rollout import RolloutWorkflow
     from workflows.verify_model import VerifyWorkflow
     from workflows.wake import WakeWorkflow
@@ -102,6 +103,7 @@ async def run_worker(settings: Settings) -> None:
                 ArtifactWorkflow,
                 CacheWorkflow,
                 ImportWorkflow,
+                ImportWatchWorkflow,
                 VerifyWorkflow,
                 DeploymentWorkflow,
                 RolloutWorkflow,

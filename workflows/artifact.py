@@ -16,6 +16,7 @@ finalizer while any ModelDeployment still references the artifact; the bytes sta
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -72,17 +73,14 @@ with workflow.unsafe.imports_passed_through():
     )
     from kama.importer_pod import CACHE_MOUNT, SOURCE_MOUNT
     from workflows.import_model import ImportInput, ImportResult, ImportWorkflow
+    from workflows.import_watch import ImportWatchWorkflow, WatchInput, watch_workflow_id
     from workflows.verify_model import VerifyInput, VerifyResult, VerifyWorkflow
 
 PROGRESS_EVERY = timedelta(seconds=2)
-PROGRESS_EVERY_MAX = timedelta(seconds=30)
-PROGRESS_POLLS_AT_FIRST_PACE = 15
-PROGRESS_STEP = 100
-"""An import's progress is read every 2 s for 30 s, then backing off to every 30 s,
-and written to the status when it moved by 1/PROGRESS_STEP of the total (or at the
-end); the importer pod is checked only when no progress was seen."""
-PROGRESS_ON_CHANGE = "progress-on-change-1"
-"""Patch marker: histories from before it replay the read-write-check-every-2-s loop."""
+WATCH_CHILD = "import-watch-child-1"
+"""Patch marker: the progress and the importer pod are watched by an ImportWatchWorkflow
+child that continues as new; histories from before it replay the loop here, which
+read, wrote and checked every 2 s for as long as the import ran."""
 DELETE_RECHECK = timedelta(seconds=30)
 DELETE_RECHECK_MAX = timedelta(minutes=5)
 """A deletion held by ModelDeployments that use the artifact is rechecked after 30 s,
@@ -427,8 +425,20 @@ class ArtifactWorkflow(EntityWorkflow):
         """Wait for a child on the importer's queue, mirroring the download progress of
         workflow `progress_of` into the status and recreating the importer pod if it
         was deleted; the child's result."""
-        if workflow.patched(PROGRESS_ON_CHANGE):
-            return await self._watch_changes(snap, child, pod_request, progress_of=progress_of)
+        if workflow.patched(WATCH_CHILD):
+            watch = await workflow.start_child_workflow(
+                ImportWatchWorkflow.run,
+                WatchInput(artifact=snap.ref, pod=pod_request, progress_of=progress_of),
+                id=watch_workflow_id(child.id),
+                task_queue=workflow.info().task_queue,
+                search_attributes=workflow.info().typed_search_attributes,
+            )
+            try:
+                return await child
+            finally:  # the watch ends before the parent writes what the import ended in
+                watch.cancel()
+                with contextlib.suppress(ChildWorkflowError, asyncio.CancelledError):
+                    await watch
         while True:
             done, _ = await workflow.wait([child], timeout=PROGRESS_EVERY.total_seconds())
             if done:
@@ -452,47 +462,6 @@ class ArtifactWorkflow(EntityWorkflow):
             await call_kube(
                 KubeActivities.ensure_importer_pod, pod_request
             )  # recreated if it was deleted
-
-    async def _watch_changes(
-        self,
-        snap: EntitySnapshot,
-        child: workflow.ChildWorkflowHandle[Any, Result],
-        pod_request: ImporterPod,
-        *,
-        progress_of: str | None,
-    ) -> Result:
-        """`_watch` with backing-off polls, status writes on a 1 % change, and the
-        importer pod checked only while no progress shows."""
-        polls, written, last_done = 0, -1, -1
-        while True:
-            polls += 1
-            pause = poll_interval(
-                polls=polls,
-                first=PROGRESS_EVERY,
-                maximum=PROGRESS_EVERY_MAX,
-                at_first_pace=PROGRESS_POLLS_AT_FIRST_PACE,
-            )
-            done, _ = await workflow.wait([child], timeout=pause.total_seconds())
-            if done:
-                return child.result()
-            advanced = False
-            if progress_of is not None:
-                progress: ImportProgress = await call_kube(
-                    ProgressActivities.import_progress, ProgressRequest(workflow_id=progress_of)
-                )
-                total, now_done = progress.bytes_total, progress.bytes_done
-                advanced = now_done != last_done and last_done >= 0
-                last_done = now_done
-                if total and (written < 0 or now_done - written >= max(1, total // PROGRESS_STEP)):
-                    await self._write(
-                        snap,
-                        phase=ArtifactPhase.IMPORTING,
-                        extra={"progress": {"bytesDone": now_done, "bytesTotal": total}},
-                        conditions=[],
-                    )
-                    written = now_done
-            if not advanced:  # nothing moved: the importer pod may be gone
-                await call_kube(KubeActivities.ensure_importer_pod, pod_request)
 
     async def _tell_cache(
         self,

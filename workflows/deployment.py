@@ -29,6 +29,8 @@ from workflows.kube_calls import call_kube
 from workflows.polling import poll_interval
 
 with workflow.unsafe.imports_passed_through():
+    from pydantic import ValidationError
+
     from activities.kube import FinalizerRequest, KubeActivities
     from activities.llama_server import LlamaServerActivities, SlotsRequest
     from activities.serving_pods import (
@@ -38,7 +40,7 @@ with workflow.unsafe.imports_passed_through():
         ServingPodActivities,
     )
     from kama.api import ModelArtifactStatus
-    from kama.api.deployment import DeploymentCondition, ModelDeploymentSpec
+    from kama.api.deployment import DeploymentCondition, ModelDeploymentSpec, Scaling
     from kama.conditions import (
         Conditions,
         ConditionUpdate,
@@ -662,8 +664,11 @@ class DeploymentWorkflow(EntityWorkflow):
     # deletion -----------------------------------------------------------------
 
     async def _finalize(self, snap: EntitySnapshot) -> None:
-        spec = ModelDeploymentSpec.model_validate(snap.spec)
-        timeout_s = parse_duration(spec.scaling.drain_timeout).total_seconds()
+        try:
+            drain_timeout = ModelDeploymentSpec.model_validate(snap.spec).scaling.drain_timeout
+        except ValidationError:  # a spec that no longer validates must not hold the deletion
+            drain_timeout = Scaling().drain_timeout
+        timeout_s = parse_duration(drain_timeout).total_seconds()
         polls = 0
         while True:
             if workflow.info().get_current_history_length() > HISTORY_LIMIT:

@@ -11,7 +11,9 @@ A pass that meets an error no retry can fix (the API server answered 403 or 422,
 child failed for good) does not fail the workflow and is not retried on a timer: it
 is reported on the resource (a condition naming the object and the permission) and
 the loop waits for a spec change or a `retry` signal, the two ways a person says
-"fixed, try again".
+"fixed, try again". A stored spec this version of Kama no longer accepts (written
+before a schema change, or past an older admission) is such an error too: reason
+`SpecInvalid`, the message naming each field, never a workflow task failing forever.
 
 Every entity also writes its status and Events the same way (`_write_status`,
 `_record`), and answers `status` with a `WorkflowStatus` filled by `_answer`.
@@ -27,11 +29,13 @@ from datetime import timedelta
 from typing import Any, ClassVar, TypeVar
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ChildWorkflowError
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
 from workflows.kube_calls import call_kube, failure_type
 
 with workflow.unsafe.imports_passed_through():
+    from pydantic import ValidationError
+
     from activities.kube import EventRequest, KubeActivities, StatusPatch
     from kama.api.meta import WORKFLOW_ID_FIELD
     from kama.contracts import RETRY, SPEC_CHANGED, EntitySnapshot, WorkflowStatus
@@ -40,6 +44,24 @@ HISTORY_LIMIT = 2000
 """Events in one run of an entity workflow before it continues as new."""
 
 Status = TypeVar("Status", bound=WorkflowStatus)
+
+
+SPEC_INVALID = "SpecInvalid"
+SPEC_PROBLEMS_SHOWN = 4
+
+
+def spec_invalid(error: ValidationError) -> ApplicationError:
+    """A stored spec that does not validate, as the typed error `_blocked` reports:
+    `spec.<field>: <why>` for each of the first few problems."""
+    problems = [
+        "spec." + ".".join(str(part) for part in found["loc"]) + ": " + found["msg"]
+        for found in error.errors()[:SPEC_PROBLEMS_SHOWN]
+    ]
+    more = error.error_count() - len(problems)
+    message = "; ".join(problems) + (f"; and {more} more" if more > 0 else "")
+    return ApplicationError(
+        f"the stored spec does not validate: {message}", type=SPEC_INVALID, non_retryable=True
+    )
 
 
 @dataclass(frozen=True)
@@ -104,6 +126,9 @@ class EntityWorkflow(ABC):
                 woken = self._woken_after(snap)
             except (ActivityError, ChildWorkflowError) as error:
                 await self._blocked(snap, error)
+                rest, woken = Rest(), self._changed_or_retried(snap)
+            except ValidationError as error:
+                await self._blocked(snap, spec_invalid(error))
                 rest, woken = Rest(), self._changed_or_retried(snap)
             if rest is None:  # AGAIN
                 continue

@@ -32,6 +32,7 @@ PREFIXES = {
     "Keep model cache": "cache",
     "Keep model deployment": "deployment",
     "Import model": "import",
+    "Watch import": "watch",
     "Verify model": "verify",
     "Roll out model deployment": "rollout",
     "Drain serving pod": "drain",

@@ -59,6 +59,7 @@ from workflows.cache import CacheInput, CacheWorkflow
 from workflows.deployment import DeploymentInput, DeploymentWorkflow
 from workflows.drain import DrainWorkflow
 from workflows.import_model import ImportWorkflow
+from workflows.import_watch import ImportWatchWorkflow
 from workflows.rollout import RolloutWorkflow
 from workflows.verify_model import VerifyWorkflow
 from workflows.wake import WakeInput, WakeWorkflow
@@ -68,6 +69,7 @@ WORKFLOWS: list[type] = [
     CacheWorkflow,
     DeploymentWorkflow,
     DrainWorkflow,
+    ImportWatchWorkflow,
     ImportWorkflow,
     RolloutWorkflow,
     VerifyWorkflow,
@@ -391,10 +393,19 @@ async def artifact_retry(stage: Stage) -> list[str]:
     assert artifact_condition(stage, name, "Ready")["status"] == "False"
     assert "401" in artifact_condition(stage, name, "Ready")["message"]
     assert artifact_condition(stage, name, "SourceUnavailable")["status"] == "True"
-    assert any(
-        e.type == "Warning" and e.reason == "SourceUnavailable" for e in stage.cluster.events(name)
+    await stage.until(  # the Event is recorded after the status write
+        lambda: any(
+            e.type == "Warning" and e.reason == "SourceUnavailable"
+            for e in stage.cluster.events(name)
+        ),
+        within=timedelta(seconds=10),
+        what="a SourceUnavailable Warning Event",
     )
-    assert len(stage.cluster.called("Delete pod")) == 1, "the importer pod is removed"
+    await stage.until(
+        lambda: len(stage.cluster.called("Delete pod")) == 1,
+        within=timedelta(seconds=10),
+        what="the importer pod removed",
+    )
 
     await stage.skip(timedelta(minutes=30))
     assert len(stage.importer.called("Resolve Hugging Face source")) == 1, "retried unasked"
@@ -554,6 +565,7 @@ CASES: dict[str, Case] = {
     "failed-rollout": Case(crashing_rollout, {"pod_fate": CRASHES}),
     "deleted-with-drain": Case(delete_with_drain),
     "retry": Case(artifact_retry),
+    "retry-watched": Case(artifact_retry),  # recorded with the import's watch child
     "in-place": Case(artifact_in_place),
     "lifecycle": Case(cache_lifecycle),
     "autoscale": Case(autoscale),
