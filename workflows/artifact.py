@@ -47,7 +47,6 @@ with workflow.unsafe.imports_passed_through():
         StatusPatch,
     )
     from activities.models import HuggingFaceSource, PublishedArtifact, PvcSource
-    from activities.progress import ImportProgress, ProgressActivities, ProgressRequest
     from kama.api import (
         ArtifactCondition,
         ArtifactPhase,
@@ -76,11 +75,6 @@ with workflow.unsafe.imports_passed_through():
     from workflows.import_watch import ImportWatchWorkflow, WatchInput, watch_workflow_id
     from workflows.verify_model import VerifyInput, VerifyResult, VerifyWorkflow
 
-PROGRESS_EVERY = timedelta(seconds=2)
-WATCH_CHILD = "import-watch-child-1"
-"""Patch marker: the progress and the importer pod are watched by an ImportWatchWorkflow
-child that continues as new; histories from before it replay the loop here, which
-read, wrote and checked every 2 s for as long as the import ran."""
 DELETE_RECHECK = timedelta(seconds=30)
 DELETE_RECHECK_MAX = timedelta(minutes=5)
 """A deletion held by ModelDeployments that use the artifact is rechecked after 30 s,
@@ -422,46 +416,22 @@ class ArtifactWorkflow(EntityWorkflow):
         *,
         progress_of: str | None,
     ) -> Result:
-        """Wait for a child on the importer's queue, mirroring the download progress of
-        workflow `progress_of` into the status and recreating the importer pod if it
-        was deleted; the child's result."""
-        if workflow.patched(WATCH_CHILD):
-            watch = await workflow.start_child_workflow(
-                ImportWatchWorkflow.run,
-                WatchInput(artifact=snap.ref, pod=pod_request, progress_of=progress_of),
-                id=watch_workflow_id(child.id),
-                task_queue=workflow.info().task_queue,
-                search_attributes=workflow.info().typed_search_attributes,
-            )
-            try:
-                return await child
-            finally:  # the watch ends before the parent writes what the import ended in
-                watch.cancel()
-                with contextlib.suppress(ChildWorkflowError, asyncio.CancelledError):
-                    await watch
-        while True:
-            done, _ = await workflow.wait([child], timeout=PROGRESS_EVERY.total_seconds())
-            if done:
-                return child.result()
-            if progress_of is not None:
-                progress: ImportProgress = await call_kube(
-                    ProgressActivities.import_progress, ProgressRequest(workflow_id=progress_of)
-                )
-                if progress.bytes_total:
-                    await self._write(
-                        snap,
-                        phase=ArtifactPhase.IMPORTING,
-                        extra={
-                            "progress": {
-                                "bytesDone": progress.bytes_done,
-                                "bytesTotal": progress.bytes_total,
-                            }
-                        },
-                        conditions=[],
-                    )
-            await call_kube(
-                KubeActivities.ensure_importer_pod, pod_request
-            )  # recreated if it was deleted
+        """Wait for a child on the importer's queue while an ImportWatchWorkflow mirrors
+        the download progress of workflow `progress_of` into the status and keeps the
+        importer pod; the child's result."""
+        watch = await workflow.start_child_workflow(
+            ImportWatchWorkflow.run,
+            WatchInput(artifact=snap.ref, pod=pod_request, progress_of=progress_of),
+            id=watch_workflow_id(child.id),
+            task_queue=workflow.info().task_queue,
+            search_attributes=workflow.info().typed_search_attributes,
+        )
+        try:
+            return await child
+        finally:  # the watch ends before the parent writes what the import ended in
+            watch.cancel()
+            with contextlib.suppress(ChildWorkflowError, asyncio.CancelledError):
+                await watch
 
     async def _tell_cache(
         self,

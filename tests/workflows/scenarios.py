@@ -565,7 +565,6 @@ CASES: dict[str, Case] = {
     "failed-rollout": Case(crashing_rollout, {"pod_fate": CRASHES}),
     "deleted-with-drain": Case(delete_with_drain),
     "retry": Case(artifact_retry),
-    "retry-watched": Case(artifact_retry),  # recorded with the import's watch child
     "in-place": Case(artifact_in_place),
     "lifecycle": Case(cache_lifecycle),
     "autoscale": Case(autoscale),
