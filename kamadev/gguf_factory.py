@@ -212,6 +212,11 @@ def _write(
         writer.add_int32(gguf.Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT, total)
     for name, data, raw_dtype in tensors:
         writer.add_tensor(name, data, raw_dtype=raw_dtype)
+    return _flush(writer, path)
+
+
+def _flush(writer: gguf.GGUFWriter, path: Path) -> Path:
+    """Header, metadata and tensors to the file, which is closed whatever happens."""
     try:
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
@@ -219,6 +224,19 @@ def _write(
     finally:
         writer.close()
     return path
+
+
+def write_projector(
+    path: Path, *, general_type: str | None = "mmproj", architecture: str = "clip"
+) -> Path:
+    """A small vision projector as llama.cpp's converter writes one (general.type
+    mmproj, general.architecture clip), or with one of the two marks only."""
+    writer = gguf.GGUFWriter(path, arch=architecture)
+    if general_type is not None:
+        writer.add_type(general_type)
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_tensor("v.patch_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    return _flush(writer, path)
 
 
 def write_model(path: Path, *, shape: ModelShape) -> Path:

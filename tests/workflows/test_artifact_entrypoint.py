@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import gguf
-import numpy as np
 import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
@@ -32,32 +30,13 @@ from activities.models import (
 from activities.storage import hash_file
 from activities.volume_source import PvcSourceActivities
 from kama.cache_layout import READY_NAME, Manifest, staging_dir
-from kamadev.gguf_factory import ModelShape, write_model, write_shards
+from kamadev.gguf_factory import ModelShape, write_model, write_projector, write_shards
 from kamadev.hub import HubFixture
 
 MODEL = ModelShape(n_layer=3, n_head_kv=2, seed=1)
 OTHER = ModelShape(n_layer=2, seed=2)
 PROJECTOR = "mmproj-model-f16.gguf"  # sorts before model.gguf
 OPERATION = "op-1"
-
-
-def write_projector(
-    path: Path, *, general_type: str | None = "mmproj", architecture: str = "clip"
-) -> Path:
-    """A small vision projector as llama.cpp's converter writes one (general.type
-    mmproj, general.architecture clip), or with one of the two marks only."""
-    writer = gguf.GGUFWriter(path, arch=architecture)
-    if general_type is not None:
-        writer.add_type(general_type)
-    writer.add_bool("clip.has_vision_encoder", True)
-    writer.add_tensor("v.patch_embd.weight", np.zeros((4, 8), dtype=np.float32))
-    try:
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-    finally:
-        writer.close()
-    return path
 
 
 def staged(cache: Path) -> Path:
