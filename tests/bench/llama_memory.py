@@ -19,6 +19,8 @@ from pathlib import Path
 
 import httpx
 
+from tests.support import peak_rss
+
 MIB = 1 << 20
 STARTUP_TIMEOUT_S = 120
 PROMPT_TOKENS_BEYOND_UBATCH = 64
@@ -48,13 +50,6 @@ def reported_allocations(log: str) -> dict[str, float]:
         name: round(sum(float(m) for m in pattern.findall(log)), 2)
         for name, pattern in _MIB_LINE.items()
     }
-
-
-def _vm_hwm(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM")
 
 
 def _wait_healthy(*, http: httpx.Client, url: str, proc: subprocess.Popen[bytes]) -> None:
@@ -113,7 +108,7 @@ def measure(
                     http=http, url=url, slots=slots, context=context,
                     micro_batch=micro_batch, vocab=vocab,
                 )  # fmt: skip
-            peak: int | None = _vm_hwm(proc.pid)
+            peak: int | None = peak_rss(proc.pid)
             error = None
         except (RuntimeError, TimeoutError, httpx.HTTPError) as exc:
             peak, error = None, f"{type(exc).__name__}: {exc}"[:200]

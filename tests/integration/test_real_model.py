@@ -13,7 +13,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -32,7 +31,7 @@ from tests.integration.test_serving_plane import (
     serving_pods,
     wait_ready,
 )
-from tests.support import apply, eventually, serving_headers
+from tests.support import apply, eventually, peak_rss, serving_headers
 
 MIB = 1 << 20
 FILE = "gemma-3-270m-q4_k_m.gguf"
@@ -117,8 +116,7 @@ def test_planned_within_target_of_what_llama_server_uses(gemma: Served) -> None:
         assert all(n >= 600 for n in pool.map(fill, range(SLOTS)))
     pid = llama_server_pid(pod["status"]["podIP"])
     assert pid is not None
-    status = Path(f"/proc/{pid}/status").read_text()
-    peak = int(re.search(r"VmHWM:\s+(\d+) kB", status)[1]) * 1024  # type: ignore[index]
+    peak = peak_rss(pid)
     estimate = profile["estimatedRamBytes"]
     assert abs(estimate - peak) <= max(64 * MIB, peak // 10), (estimate / MIB, peak / MIB)
     assert estimate >= 0.9 * peak
