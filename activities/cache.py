@@ -11,7 +11,6 @@ and the facts the planner sizes replicas with are the entrypoint's alone.
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -21,7 +20,8 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.models import (
+from activities.gguf_files import inspect_files, read_file_header
+from activities.import_payloads import (
     DiscardRequest,
     DownloadedFile,
     LookupRequest,
@@ -41,12 +41,13 @@ from activities.storage import (
     staged_size,
     verify_files,
 )
-from kama.api import GGUFInfo
 from kama.cache_layout import Manifest, ManifestFile, artifact_digest, blob_dir, staging_dir
-from kama.gguf import InvalidGGUF, MissingShard, inspect_files, parse_shard_name, read_header
+from kama.gguf.artifact_status import gguf_info
+from kama.gguf.header import InvalidGGUF
+from kama.gguf.shards import MissingShard, parse_shard_name
+from kama.reasons import Failure
 from kama.sources import names_shown
 
-INSUFFICIENT_STORAGE = "InsufficientStorage"
 PROJECTOR_TYPE = "mmproj"  # general.type of a multimodal projector (llama.cpp's mtmd)
 PROJECTOR_ARCHITECTURE = "clip"  # general.architecture of one (older converters)
 
@@ -66,7 +67,7 @@ def _no_room(exc: InsufficientStorage) -> ApplicationError:
     return ApplicationError(
         str(exc),
         {"freeBytes": exc.free_bytes, "neededBytes": exc.needed_bytes},
-        type=INSUFFICIENT_STORAGE,
+        type=Failure.INSUFFICIENT_STORAGE,
         non_retryable=True,
     )
 
@@ -78,7 +79,7 @@ def gguf_facts(directory: Path, files: list[DownloadedFile]) -> dict[str, Any]:
     if not paths:
         raise InvalidGGUF("the artifact holds no .gguf file")
     facts = inspect_files(paths)
-    return GGUFInfo.from_facts(facts).model_dump(mode="json", by_alias=True, exclude_none=True)
+    return gguf_info(facts).model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 @dataclass(frozen=True)
@@ -92,8 +93,7 @@ class ArtifactGGUF:
 def _projector_kind(path: Path) -> str | None:
     """Why the GGUF file at `path` is a multimodal projector (the metadata that says
     so), or None when it is not one. Reads and checks the header only."""
-    with path.open("rb") as f:
-        metadata = read_header(f, file_size=os.fstat(f.fileno()).st_size).metadata
+    metadata = read_file_header(path).metadata
     if metadata.get("general.type") == PROJECTOR_TYPE:
         return f"general.type {PROJECTOR_TYPE}"
     if metadata.get("general.architecture") == PROJECTOR_ARCHITECTURE:
@@ -200,10 +200,14 @@ class CacheActivities:
             )
         except InvalidGGUF as exc:
             shutil.rmtree(root / staging_dir(request.operation_id), ignore_errors=True)
-            raise ApplicationError(str(exc), type="InvalidGGUF", non_retryable=True) from None
+            raise ApplicationError(
+                str(exc), type=Failure.INVALID_GGUF, non_retryable=True
+            ) from None
         except MissingShard as exc:
             shutil.rmtree(root / staging_dir(request.operation_id), ignore_errors=True)
-            raise ApplicationError(str(exc), type="MissingShard", non_retryable=True) from None
+            raise ApplicationError(
+                str(exc), type=Failure.MISSING_SHARD, non_retryable=True
+            ) from None
         final = publish(root=root, operation_id=request.operation_id, manifest=manifest)
         return PublishedArtifact(
             manifest_digest=manifest.digest,
@@ -224,7 +228,7 @@ class CacheActivities:
         if manifest is None:
             raise ApplicationError(
                 f"no valid published artifact {request.manifest_digest} in the cache (manifest or READY missing)",
-                type="ChecksumMismatch",
+                type=Failure.CHECKSUM_MISMATCH,
                 non_retryable=True,
             )
 
@@ -242,7 +246,7 @@ class CacheActivities:
             where = f"; the blob was moved to {moved.relative_to(root)}" if moved else ""
             raise ApplicationError(
                 f"{exc}{where}: new replicas cannot mount it, and `retry` imports it again",
-                type="ChecksumMismatch",
+                type=Failure.CHECKSUM_MISMATCH,
                 non_retryable=True,
             ) from None
         return manifest.total_size

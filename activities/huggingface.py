@@ -24,10 +24,10 @@ from huggingface_hub.utils._headers import build_hf_headers
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.models import (
+from activities.import_payloads import (
     DownloadedFile,
     DownloadRequest,
-    HuggingFaceSource,
+    HubSource,
     ResolvedFile,
     ResolvedSource,
 )
@@ -39,15 +39,16 @@ from activities.storage import (
     staged_file,
 )
 from kama.cache_layout import InvalidPath
-from kama.gguf import MissingShard
+from kama.gguf.shards import MissingShard
 from kama.importer_pod import TOKEN_MOUNT
+from kama.reasons import Failure
 from kama.sources import FileSelectionError, SourceFile, entrypoint, select_files
 
 HEARTBEAT_EVERY_S = 1.0
 MAX_TOKEN_CHARS = 4096  # a Hub token is ~40 characters; a mounted file is not trusted further
 
 
-def _token(source: HuggingFaceSource, *, path: Path) -> str | bool:
+def _token(source: HubSource, *, path: Path) -> str | bool:
     """The mounted token, when the source uses one (read from the importer's own
     mount, so an input cannot make it send another file)."""
     if not source.use_token:
@@ -56,7 +57,7 @@ def _token(source: HuggingFaceSource, *, path: Path) -> str | bool:
 
 
 def _unavailable(message: str) -> ApplicationError:
-    return ApplicationError(message, type="SourceUnavailable", non_retryable=True)
+    return ApplicationError(message, type=Failure.SOURCE_UNAVAILABLE, non_retryable=True)
 
 
 class HuggingFaceActivities:
@@ -72,7 +73,7 @@ class HuggingFaceActivities:
         self.token_path = token_path
 
     @activity.defn(name="Resolve Hugging Face source")
-    def resolve_source(self, source: HuggingFaceSource) -> ResolvedSource:
+    def resolve_source(self, source: HubSource) -> ResolvedSource:
         api = HfApi(endpoint=self.endpoint)
         try:
             info = api.model_info(
@@ -106,7 +107,9 @@ class HuggingFaceActivities:
             chosen = select_files(requested=source.files, available=available)
             model = entrypoint(chosen, requested=source.entrypoint)
         except MissingShard as exc:
-            raise ApplicationError(str(exc), type="MissingShard", non_retryable=True) from None
+            raise ApplicationError(
+                str(exc), type=Failure.MISSING_SHARD, non_retryable=True
+            ) from None
         except FileSelectionError as exc:
             raise _unavailable(str(exc)) from None
         return ResolvedSource(
@@ -150,5 +153,5 @@ class HuggingFaceActivities:
         except SourceUnavailable as exc:
             raise _unavailable(str(exc)) from None
         except TransferInterrupted as exc:
-            raise ApplicationError(str(exc), type="TransferInterrupted") from None
+            raise ApplicationError(str(exc), type=Failure.TRANSFER_INTERRUPTED) from None
         return DownloadedFile(path=request.file.path, size=request.file.size, sha256=digest)

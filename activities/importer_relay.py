@@ -32,9 +32,8 @@ from kama.importer_protocol import (
     bearer,
     call_path,
 )
+from kama.reasons import Failure
 
-IMPORTER_UNAVAILABLE = "ImporterUnavailable"
-IMPORTER_ANSWER_INVALID = "ImporterAnswerInvalid"
 CONNECT_TIMEOUT_S = 5.0
 
 
@@ -58,7 +57,7 @@ def result_types(functions: Sequence[Callable[..., Any]]) -> dict[str, Any]:
 
 
 def _unavailable(message: str) -> ApplicationError:
-    return ApplicationError(message, type=IMPORTER_UNAVAILABLE)
+    return ApplicationError(message, type=Failure.IMPORTER_UNAVAILABLE)
 
 
 async def bounded_lines(response: httpx.Response, *, limit: int) -> AsyncIterator[bytes]:
@@ -72,7 +71,7 @@ async def bounded_lines(response: httpx.Response, *, limit: int) -> AsyncIterato
         if len(buffer) > limit:
             raise ApplicationError(
                 f"the importer sent a line longer than {limit} bytes",
-                type=IMPORTER_ANSWER_INVALID,
+                type=Failure.IMPORTER_ANSWER_INVALID,
                 non_retryable=True,
             )
     if buffer.strip():
@@ -101,7 +100,9 @@ class ImporterRelay:
         name = info.activity_type
         if name not in self.results or len(args) != 1:
             raise ApplicationError(
-                f"{name!r} is not an importer activity", type="ForgedRequest", non_retryable=True
+                f"{name!r} is not an importer activity",
+                type=Failure.FORGED_REQUEST,
+                non_retryable=True,
             )
         argument = activity.payload_converter().from_payload(args[0].payload)
         body = json.dumps(
@@ -111,7 +112,7 @@ class ImporterRelay:
         if len(body) > MAX_REQUEST_BYTES:
             raise ApplicationError(
                 f"the input of {name} is over {MAX_REQUEST_BYTES} bytes",
-                type="ForgedRequest",
+                type=Failure.FORGED_REQUEST,
                 non_retryable=True,
             )
         last_details: list[Any] = list(info.heartbeat_details)
@@ -152,7 +153,7 @@ class ImporterRelay:
         except Exception as error:
             raise ApplicationError(
                 f"{where} answered {name} with a result of the wrong shape: {error}",
-                type=IMPORTER_ANSWER_INVALID,
+                type=Failure.IMPORTER_ANSWER_INVALID,
                 non_retryable=True,
             ) from None
 
@@ -165,7 +166,7 @@ def _message(line: bytes, *, where: str) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise ApplicationError(
             f"{where} sent a line that is not a JSON object",
-            type=IMPORTER_ANSWER_INVALID,
+            type=Failure.IMPORTER_ANSWER_INVALID,
             non_retryable=True,
         )
     return message
@@ -175,6 +176,6 @@ def _importer_error(error: Any, *, where: str) -> ApplicationError:
     """The importer's typed failure, as the activity's own."""
     if not isinstance(error, dict):
         return _unavailable(f"{where} failed")
-    kind = str(error.get("type") or IMPORTER_UNAVAILABLE)[:128]
+    kind = str(error.get("type") or Failure.IMPORTER_UNAVAILABLE)[:128]
     message = str(error.get("message") or "")[:4096]
     return ApplicationError(message, type=kind, non_retryable=bool(error.get("non_retryable")))

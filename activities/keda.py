@@ -21,6 +21,7 @@ from temporalio.exceptions import ApplicationError
 from activities.kube_errors import KubeTarget, NotFound, kube_call
 from kama.api.deployment import ModelDeploymentSpec
 from kama.contracts import ObjectRef
+from kama.reasons import Failure
 from kama.scaled_object import KEDA_GROUP, KEDA_VERSION, SCALED_OBJECTS, scaled_object
 
 FIELD_MANAGER = "kama"
@@ -30,7 +31,7 @@ class KedaUnavailable(ApplicationError):
     """KEDA mode was asked for where it cannot work."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(message, type="KedaUnavailable", non_retryable=True)
+        super().__init__(message, type=Failure.KEDA_UNAVAILABLE, non_retryable=True)
 
 
 @dataclass(frozen=True)

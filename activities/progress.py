@@ -10,7 +10,7 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from activities.models import ImportStatus
+from activities.import_payloads import ImportStatus
 from kama.contracts import STATUS_QUERY
 
 

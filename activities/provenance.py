@@ -21,11 +21,10 @@ from temporalio.exceptions import ApplicationError
 from activities.kube_errors import KubeTarget, NotFound, kube_call
 from kama.api import GROUP, VERSION
 from kama.contracts import ObjectRef
+from kama.reasons import Failure
 from kama.serving_pod import MANAGED_BY_LABEL, ROLE_LABEL
 from kama.tenancy import TenancyPolicy
 
-FORGED_REQUEST: Final = "ForgedRequest"
-OWNER_GONE: Final = "OwnerGone"
 KINDS: Final = {
     "modeldeployments": "ModelDeployment",
     "modelartifacts": "ModelArtifact",
@@ -38,7 +37,7 @@ class ForgedRequest(ApplicationError):
     Kama's workflows for an object that exists as named. Never retried."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(message, type=FORGED_REQUEST, non_retryable=True)
+        super().__init__(message, type=Failure.FORGED_REQUEST, non_retryable=True)
 
 
 class OwnerGone(ApplicationError):
@@ -46,7 +45,7 @@ class OwnerGone(ApplicationError):
     is created for it. Never retried."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(message, type=OWNER_GONE, non_retryable=True)
+        super().__init__(message, type=Failure.OWNER_GONE, non_retryable=True)
 
 
 def check_served(policy: TenancyPolicy, namespace: str) -> None:

@@ -18,12 +18,13 @@ from kubernetes import client as k8s
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.kube import remove_pod
+from activities.kube_clients import remove_pod
 from activities.kube_errors import Conflict, KubeTarget, NotFound, kube_call
 from activities.provenance import ForgedRequest, OwnerGone, kama_pod, live_object
 from kama.api import GROUP, VERSION
 from kama.contracts import ARTIFACTS, DEPLOYMENTS, ObjectRef
 from kama.deployment_plan import mounted_by_one_node, nodes_holding_claim
+from kama.reasons import Failure
 from kama.rollout import ObservedPod
 from kama.serving_key import serving_key, with_serving_key
 from kama.serving_pod import (
@@ -36,8 +37,6 @@ from kama.serving_pod import (
     serving_selector,
 )
 from kama.tenancy import TenancyPolicy
-
-PLACEMENT_NOT_ALLOWED = "PlacementNotAllowed"
 
 
 @dataclass(frozen=True)
@@ -253,7 +252,7 @@ class ServingPodActivities:
         )
         if refusals:
             raise ApplicationError(
-                "; ".join(refusals), type=PLACEMENT_NOT_ALLOWED, non_retryable=True
+                "; ".join(refusals), type=Failure.PLACEMENT_NOT_ALLOWED, non_retryable=True
             )
         artifact = ((deployment.get("spec") or {}).get("modelRef") or {}).get("name")
         target = KubeTarget(resource=ARTIFACTS, namespace=ref.namespace, name=artifact)

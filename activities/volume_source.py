@@ -18,7 +18,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.cache import inspect_artifact
-from activities.models import (
+from activities.import_payloads import (
     CopyRequest,
     DownloadedFile,
     InPlaceArtifact,
@@ -35,14 +35,16 @@ from kama.cache_layout import (
     artifact_digest,
     safe_relative_path,
 )
-from kama.gguf import InvalidGGUF, MissingShard
+from kama.gguf.header import InvalidGGUF
+from kama.gguf.shards import MissingShard
+from kama.reasons import Failure
 from kama.sources import FileSelectionError, SourceFile, entrypoint, select_files
 
 HEARTBEAT_EVERY_S = 1.0
 
 
 def _refuse(message: str) -> ApplicationError:
-    return ApplicationError(message, type="SourceUnavailable", non_retryable=True)
+    return ApplicationError(message, type=Failure.SOURCE_UNAVAILABLE, non_retryable=True)
 
 
 def checked_path(*, root: Path, relative: str) -> Path:
@@ -115,7 +117,9 @@ class PvcSourceActivities:
             chosen = select_files(requested=names, available=available)
             model = entrypoint(chosen, requested=_requested(source.entrypoint, chosen))
         except MissingShard as exc:
-            raise ApplicationError(str(exc), type="MissingShard", non_retryable=True) from None
+            raise ApplicationError(
+                str(exc), type=Failure.MISSING_SHARD, non_retryable=True
+            ) from None
         except FileSelectionError as exc:
             raise _refuse(str(exc)) from None
         return ResolvedSource(
@@ -185,9 +189,13 @@ class PvcSourceActivities:
                 entrypoint=model,
             )
         except InvalidGGUF as exc:
-            raise ApplicationError(str(exc), type="InvalidGGUF", non_retryable=True) from None
+            raise ApplicationError(
+                str(exc), type=Failure.INVALID_GGUF, non_retryable=True
+            ) from None
         except MissingShard as exc:
-            raise ApplicationError(str(exc), type="MissingShard", non_retryable=True) from None
+            raise ApplicationError(
+                str(exc), type=Failure.MISSING_SHARD, non_retryable=True
+            ) from None
         entries = [
             ManifestFile(path=Path(f.path).name, size=f.size, sha256=f.sha256) for f in files
         ]

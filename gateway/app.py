@@ -56,11 +56,7 @@ from gateway.registry import ModelRegistry
 from gateway.transport.front import PublicFront
 from gateway.transport.upstream import UpstreamTransport
 from gateway.wake import Waker
-from kama.api import GROUP, MODELACCESSKEY_PLURAL, VERSION
-from kama.config import Settings
-from kama.contracts import DEPLOYMENTS
-from kama.serving_pod import ROLE_LABEL, SERVER_ROLE
-from watcher.watch import (
+from informer.watch import (
     WatchHealth,
     WatchTarget,
     in_namespaces,
@@ -68,6 +64,10 @@ from watcher.watch import (
     labelled_pods,
     start_watch,
 )
+from kama.api import GROUP, MODELACCESSKEY_PLURAL, VERSION
+from kama.config import Settings
+from kama.contracts import DEPLOYMENTS
+from kama.serving_pod import ROLE_LABEL, SERVER_ROLE
 
 log = logging.getLogger("kama.gateway")
 

@@ -17,21 +17,19 @@ request for a model at zero starts a wake."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import os
 import socket
-import time
 from dataclasses import dataclass, replace
 from datetime import timedelta
 
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
+from gateway import workflow_client
+from gateway.clock import MONOTONIC, Clock, wait_for_event
 from gateway.registry import Model, ModelRegistry
-from kama.contracts import DemandReport, ObjectRef, deployment_workflow_id
-from workflows.deployment import DeploymentWorkflow
+from kama.contracts import DemandReport
 
 log = logging.getLogger("kama.gateway")
 
@@ -106,14 +104,19 @@ def gateway_identity() -> str:
 
 
 async def report_demand(
-    *, registry: ModelRegistry, client: Client, cluster: str, gateway: str
+    *,
+    registry: ModelRegistry,
+    client: Client,
+    cluster: str,
+    gateway: str,
+    clock: Clock = MONOTONIC,
 ) -> None:
     schedules: dict[str, ReportSchedule] = {}
     while True:
         held = [s.rise_due for s in schedules.values() if s.rise_due is not None]
-        within = min([SAMPLE_INTERVAL_S, *(due - time.monotonic() for due in held)])
-        arrived = await next_sample(registry, within=max(within, 0.0))
-        now = time.monotonic()
+        within = min([SAMPLE_INTERVAL_S, *(due - clock.now() for due in held)])
+        arrived = await next_sample(registry, within=max(within, 0.0), clock=clock)
+        now = clock.now()
         for key in set(schedules) - set(registry.models):
             del schedules[key]
         for model in list(registry.models.values()):
@@ -126,30 +129,32 @@ async def report_demand(
             if report.demand < demand:  # the peak of the period, or a request now gone
                 report = replace(report, in_flight=report.in_flight + demand - report.demand)
             if arrived is not None and demand > reported:  # a rise the arrival began
-                report = replace(report, risen_for_s=round(time.monotonic() - arrived, 3))
+                report = replace(report, risen_for_s=round(clock.now() - arrived, 3))
             await _signal(client, model=model, cluster=cluster, report=report)
 
 
-async def next_sample(registry: ModelRegistry, *, within: float) -> float | None:
+async def next_sample(registry: ModelRegistry, *, within: float, clock: Clock) -> float | None:
     """Wait until a request arrives (a rise is worth telling the workflow at once:
     its scale-up window starts at the arrival) or `within` seconds pass (the sample
     interval, or less when a rise held back by MIN_GAP_S may go out sooner); when the
-    arrival that ended the wait came (monotonic), None if none did."""
+    arrival that ended the wait came (on `clock`), None if none did. The arrivals of
+    the next RISE_COALESCE_S join it, within the same `within`."""
+    deadline = clock.now() + within
     arrived: float | None = None
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(within):
-            await registry.demand_rose.wait()
-            arrived = time.monotonic()
-            await asyncio.sleep(RISE_COALESCE_S)
+    if await wait_for_event(registry.demand_rose, within=within, clock=clock):
+        arrived = clock.now()
+        await clock.sleep(min(RISE_COALESCE_S, deadline - arrived))
     registry.demand_rose.clear()
     return arrived
 
 
 async def _signal(client: Client, *, model: Model, cluster: str, report: DemandReport) -> None:
-    ref = ObjectRef(namespace=model.namespace, name=model.name, uid=model.uid, cluster=cluster)
     try:
-        await client.get_workflow_handle(deployment_workflow_id(ref)).signal(
-            DeploymentWorkflow.demand, report, rpc_timeout=REPORT_RPC_TIMEOUT
+        await workflow_client.report_demand(
+            client,
+            deployment=model.ref(cluster=cluster),
+            report=report,
+            rpc_timeout=REPORT_RPC_TIMEOUT,
         )
     except RPCError as exc:
         if exc.status != RPCStatusCode.NOT_FOUND:

@@ -6,16 +6,16 @@ pod's `drain/<ns>/<pod>` workflow with the count."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from datetime import timedelta
 
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
+from gateway.clock import MONOTONIC, Clock
 from gateway.registry import ModelRegistry
-from kama.contracts import DrainReport, drain_workflow_id
-from workflows.drain import DrainWorkflow
+from gateway.workflow_client import report_drain
+from kama.contracts import DrainReport
 
 log = logging.getLogger("kama.gateway")
 
@@ -25,29 +25,50 @@ RETRY_DELAY_S = 1.0
 
 
 async def report_drains(
-    *, registry: ModelRegistry, client: Client, cluster: str, gateway: str
+    *,
+    registry: ModelRegistry,
+    client: Client,
+    cluster: str,
+    gateway: str,
+    clock: Clock = MONOTONIC,
 ) -> None:
     while True:
         await registry.drain_noticed.wait()
         registry.drain_noticed.clear()
         while registry.drain_notices:
             namespace, pod, in_flight = registry.drain_notices.popleft()
-            workflow_id = drain_workflow_id(cluster=cluster, namespace=namespace, pod=pod)
-            await _signal(client, workflow_id, DrainReport(gateway=gateway, in_flight=in_flight))
+            await _signal(
+                client,
+                cluster=cluster,
+                namespace=namespace,
+                pod=pod,
+                report=DrainReport(gateway=gateway, in_flight=in_flight),
+                clock=clock,
+            )
 
 
-async def _signal(client: Client, workflow_id: str, report: DrainReport) -> None:
+async def _signal(
+    client: Client, *, cluster: str, namespace: str, pod: str, report: DrainReport, clock: Clock
+) -> None:
     for attempt in range(1, ATTEMPTS + 1):
         try:
-            await client.get_workflow_handle(workflow_id).signal(
-                DrainWorkflow.gateway_in_flight, report, rpc_timeout=SIGNAL_RPC_TIMEOUT
+            await report_drain(
+                client,
+                cluster=cluster,
+                namespace=namespace,
+                pod=pod,
+                report=report,
+                rpc_timeout=SIGNAL_RPC_TIMEOUT,
             )
             return
-        except RPCError as exc:
-            if exc.status == RPCStatusCode.NOT_FOUND:
+        except Exception as exc:  # Temporal away, or the signal refused
+            if isinstance(exc, RPCError) and exc.status == RPCStatusCode.NOT_FOUND:
                 return  # not a drain (the pod crashed or was deleted by hand)
-            log.warning("telling %s about in-flight requests failed: %s", workflow_id, exc)
-        except Exception as exc:  # Temporal away
-            log.warning("telling %s about in-flight requests failed: %s", workflow_id, exc)
+            log.warning(
+                "telling the drain of %s/%s about in-flight requests failed: %s",
+                namespace,
+                pod,
+                exc,
+            )
         if attempt < ATTEMPTS:
-            await asyncio.sleep(RETRY_DELAY_S * attempt)
+            await clock.sleep(RETRY_DELAY_S * attempt)

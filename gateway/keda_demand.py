@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Final
@@ -26,10 +24,10 @@ from typing import Final
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
+from gateway.clock import MONOTONIC, Clock
 from gateway.demand import local_demand
 from gateway.registry import Model, ModelRegistry
-from kama.contracts import ObjectRef, deployment_workflow_id
-from workflows.deployment import DeploymentWorkflow
+from gateway.workflow_client import deployment_status
 
 log = logging.getLogger("kama.gateway")
 
@@ -56,7 +54,7 @@ class GatewayDemandSource:
         registry: ModelRegistry,
         client: Client,
         cluster: str,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = MONOTONIC,
     ) -> None:
         self._registry = registry
         self._client = client
@@ -84,20 +82,20 @@ class GatewayDemandSource:
             self._locks.pop(gone, None)
         async with self._locks.setdefault(key, asyncio.Lock()):  # one query at a time
             cached = self._answers.get(key)
-            now = self._clock()
+            now = self._clock.now()
             if cached is not None and cached.uid == model.uid and now - cached.at < QUERY_CACHE_S:
                 return cached.demand
             demand = await self._query(model)
-            self._answers[key] = _Answer(uid=model.uid, demand=demand, at=self._clock())
+            self._answers[key] = _Answer(uid=model.uid, demand=demand, at=self._clock.now())
             return demand
 
     async def _query(self, model: Model) -> int:
-        ref = ObjectRef(
-            namespace=model.namespace, name=model.name, uid=model.uid, cluster=self._cluster
-        )
-        handle = self._client.get_workflow_handle(deployment_workflow_id(ref))
         try:
-            status = await handle.query(DeploymentWorkflow.status, rpc_timeout=QUERY_RPC_TIMEOUT)
+            status = await deployment_status(
+                self._client,
+                deployment=model.ref(cluster=self._cluster),
+                rpc_timeout=QUERY_RPC_TIMEOUT,
+            )
         except RPCError as exc:
             if exc.status == RPCStatusCode.NOT_FOUND:  # not started yet, or ended
                 log.debug("no deployment workflow for %s: its local demand stands", model.key)

@@ -37,10 +37,12 @@ from gateway.aliases import alias_owners
 from gateway.deployment_status import cannot_start, not_serving_reason
 from gateway.metrics import GatewayMetrics, RequestSeries
 from gateway.routing import choose_endpoint
-from kama.autoscaling import DEFAULT_SCALE_DOWN_WINDOW, report_period
+from kama.api.deployment_choices import DEFAULT_SCALE_DOWN_WINDOW
+from kama.autoscaling import report_period
+from kama.contracts import ObjectRef
 from kama.durations import parse_duration
 from kama.serving_key import bearer, pod_serving_key
-from kama.serving_pod import DEPLOYMENT_LABEL, DRAINING_LABEL
+from kama.serving_pod import DEPLOYMENT_LABEL, DRAINING_LABEL, SERVING_PLAN_ENV
 
 DEFAULT_COLD_START_S = 600.0
 DEFAULT_MAX_QUEUED = 100
@@ -106,6 +108,10 @@ class Model:
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
 
+    def ref(self, *, cluster: str) -> ObjectRef:
+        """The ModelDeployment, as its workflows (in `cluster`) know it."""
+        return ObjectRef(namespace=self.namespace, name=self.name, uid=self.uid, cluster=cluster)
+
 
 @dataclass(eq=False, slots=True)
 class SlotWaiter:
@@ -119,7 +125,7 @@ class SlotWaiter:
 def _slots(pod: dict[str, Any]) -> int:
     for container in pod.get("spec", {}).get("containers") or []:
         for env in container.get("env") or []:
-            if env.get("name") == "KAMA_SERVING_PLAN" and env.get("value"):
+            if env.get("name") == SERVING_PLAN_ENV and env.get("value"):
                 return int(json.loads(env["value"]).get("concurrency", 1))
     return 1
 

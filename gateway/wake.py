@@ -14,26 +14,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from datetime import timedelta
 from typing import Any
 
 import httpx
 from temporalio.client import Client
-from temporalio.common import (
-    SearchAttributePair,
-    TypedSearchAttributes,
-    WorkflowIDConflictPolicy,
-)
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.pod_reads import read_pod
+from gateway.clock import MONOTONIC, Clock, wait_for_event
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
 from gateway.registry import Model, ModelRegistry
-from kama.contracts import KAMA_KIND, KAMA_NAME, KAMA_NAMESPACE, ObjectRef, wake_workflow_id
+from gateway.workflow_client import start_wake, tell_replica_ready
 from kama.serving_plan import SUPERVISOR_PORT
-from workflows.wake import WakeInput, WakeWorkflow
 
 log = logging.getLogger("kama.gateway")
 
@@ -59,6 +53,7 @@ class Waker:
         metrics: GatewayMetrics,
         registry: ModelRegistry,
         http: httpx.AsyncClient,
+        clock: Clock = MONOTONIC,
     ) -> None:
         self.client = client
         self.task_queue = task_queue
@@ -66,6 +61,7 @@ class Waker:
         self.metrics = metrics
         self.registry = registry
         self.http = http
+        self.clock = clock
         self._starting: dict[str, asyncio.Task[str | None]] = {}
         self._probing: dict[str, asyncio.Task[None]] = {}
 
@@ -85,7 +81,7 @@ class Waker:
                     continue
                 if answer.status == 200:
                     self.registry.confirm_early(model, endpoint.pod)
-            await asyncio.sleep(EARLY_PROBE_S)
+            await self.clock.sleep(EARLY_PROBE_S)
 
     async def _start_wake(self, model: Model) -> str | None:
         """Start or join the wake, trying again with back-off while requests are held
@@ -105,7 +101,7 @@ class Waker:
                     backoff,
                     exc,
                 )
-                await asyncio.sleep(backoff)
+                await self.clock.sleep(backoff)
                 backoff = min(backoff * 2, WAKE_RETRY_MAX_S)
                 continue
             if failures:
@@ -114,31 +110,15 @@ class Waker:
         return None
 
     async def _start_wake_once(self, model: Model) -> str | None:
-        handle = await self.client.start_workflow(
-            WakeWorkflow.run,
-            WakeInput(
-                ref=ObjectRef(
-                    namespace=model.namespace,
-                    name=model.name,
-                    uid=model.uid,
-                    cluster=self.cluster,
-                ),
-                timeout_s=model.cold_start_s,
-            ),
-            id=wake_workflow_id(cluster=self.cluster, namespace=model.namespace, name=model.name),
+        run_id = await start_wake(
+            self.client,
+            deployment=model.ref(cluster=self.cluster),
+            timeout_s=model.cold_start_s,
             task_queue=self.task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            search_attributes=TypedSearchAttributes(
-                [
-                    SearchAttributePair(KAMA_KIND, "ModelDeployment"),
-                    SearchAttributePair(KAMA_NAMESPACE, model.namespace),
-                    SearchAttributePair(KAMA_NAME, model.name),
-                ]
-            ),
             rpc_timeout=TEMPORAL_RPC_TIMEOUT,
         )
         self.metrics.cold_starts.labels(model.key).inc()
-        return handle.run_id
+        return run_id
 
     def _ensure_wake(self, model: Model) -> None:
         task = self._starting.get(model.key)
@@ -165,23 +145,21 @@ class Waker:
         model.held += 1
         self.registry.demand_rose.set()
         self.metrics.queued.labels(model.key).inc()
-        started = time.monotonic()
+        started = self.clock.now()
         try:
             self._ensure_wake(model)
             probing = self._probing.get(model.key)
             if probing is None or probing.done():
                 self._probing[model.key] = asyncio.create_task(self._probe_starting(model))
-            async with asyncio.timeout(model.cold_start_s):  # wait_for could eat a cancel
-                await model.ready.wait()
-        except TimeoutError:
-            why = model.reason or "no replica became ready"
-            raise GatewayError(
-                503,
-                f"model {model.key} did not become ready within {model.cold_start_s:g}s: {why}",
-                type="service_unavailable",
-                code="cold_start_timeout",
-                retry_after_s=RETRY_AFTER_COLD_START_S,
-            ) from None
+            if not await wait_for_event(model.ready, within=model.cold_start_s, clock=self.clock):
+                why = model.reason or "no replica became ready"
+                raise GatewayError(
+                    503,
+                    f"model {model.key} did not become ready within {model.cold_start_s:g}s: {why}",
+                    type="service_unavailable",
+                    code="cold_start_timeout",
+                    retry_after_s=RETRY_AFTER_COLD_START_S,
+                )
         finally:
             model.held -= 1
             self.metrics.queued.labels(model.key).dec()
@@ -195,7 +173,7 @@ class Waker:
                 code="no_replica",
                 retry_after_s=RETRY_AFTER_QUEUE_FULL_S,
             )
-        waited = time.monotonic() - started
+        waited = self.clock.now() - started
         self.metrics.queue_wait.labels(model.key).observe(waited)
         self.metrics.cold_start_duration.labels(model.key).observe(waited)
         self._tell_wake(model)
@@ -215,20 +193,21 @@ class Waker:
             return  # its failure is logged by its own callback
         if run_id is None:
             return  # no wake was started: nothing to tell
-        handle = self.client.get_workflow_handle(
-            wake_workflow_id(cluster=self.cluster, namespace=model.namespace, name=model.name),
-            run_id=run_id,
-        )  # that run only: a later wake for the same model must not end early
         for attempt in range(1, READY_SIGNAL_ATTEMPTS + 1):
             try:
-                await handle.signal(WakeWorkflow.replica_ready, rpc_timeout=TEMPORAL_RPC_TIMEOUT)
+                await tell_replica_ready(
+                    self.client,
+                    deployment=model.ref(cluster=self.cluster),
+                    run_id=run_id,
+                    rpc_timeout=TEMPORAL_RPC_TIMEOUT,
+                )
                 return
             except RPCError as exc:
                 if exc.status == RPCStatusCode.NOT_FOUND:  # it already finished
                     return
                 if attempt == READY_SIGNAL_ATTEMPTS:
                     raise  # the wake also ends by itself once it lists a ready pod
-                await asyncio.sleep(WAKE_RETRY_START_S * attempt)
+                await self.clock.sleep(WAKE_RETRY_START_S * attempt)
 
 
 def _cannot_start(model: Model) -> GatewayError:

@@ -31,10 +31,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-DEFAULT_TARGET_PERCENT = 80
-DEFAULT_SCALE_UP_WINDOW = "30s"
-DEFAULT_SCALE_DOWN_WINDOW = "5m"
-
 # gateways report a model's demand when it changes, and while it is not zero at least
 # once a period: a quarter of the shortest window that reads it, kept within bounds
 REPORT_PERIOD_MIN = timedelta(seconds=5)

@@ -1,21 +1,21 @@
 """What Kama's processes share: object identity, the snapshot the watcher hands an
 entity workflow, workflow IDs, search-attribute keys, the names and payloads of
-signals and queries, and the shape of every workflow's `status` answer.
+signals and queries, the type names of the workflows one process starts and another
+runs, the input of the wake, and the shape of every workflow's `status` answer.
 
 The watcher, the gateway, the worker's workflows and the importer all agree on these
 values; keeping them in one pure module means a workflow ID or a signal payload is
-defined once, and no process imports another one's I/O code to learn it. Signals are
-sent by reference to the workflow's method (`handle.signal(DeploymentWorkflow.demand,
-...)`); the names here are what those methods are registered under (and what
-`temporal workflow signal --name` takes), and what `start_signal=` needs, since
-signal-with-start takes a name."""
+defined once, and no process imports another one's I/O code to learn it. The names
+here are what the workflows register their methods and types under (and what
+`temporal workflow signal --name` takes); a process that does not import the
+workflows (the gateway) signals, queries and starts them by these names."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from temporalio.common import SearchAttributeKey
+from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 
 # plural resource names of Kama's CRDs (group kama.dev)
 ARTIFACTS: Final = "modelartifacts"
@@ -27,6 +27,22 @@ DEPLOYMENTS: Final = "modeldeployments"
 KAMA_KIND = SearchAttributeKey.for_keyword("KamaKind")
 KAMA_NAMESPACE = SearchAttributeKey.for_keyword("KamaNamespace")
 KAMA_NAME = SearchAttributeKey.for_keyword("KamaName")
+
+
+def entity_search_attributes(*, kind: str, namespace: str, name: str) -> TypedSearchAttributes:
+    """The search attributes of a workflow about one Kama object (its entity workflow,
+    or its wake): `temporal workflow list --query 'KamaName="chat"'` finds them all."""
+    return TypedSearchAttributes(
+        [
+            SearchAttributePair(KAMA_KIND, kind),
+            SearchAttributePair(KAMA_NAMESPACE, namespace),
+            SearchAttributePair(KAMA_NAME, name),
+        ]
+    )
+
+
+# workflow type names (`@workflow.defn(name=...)`) of the workflows started by name
+WAKE_WORKFLOW: Final = "Wake model deployment"
 
 # signal and query names (the workflows register their methods under these)
 SPEC_CHANGED: Final = "spec changed"
@@ -83,6 +99,28 @@ class WorkflowStatus:
     doing: str = "starting"
     generation: int | None = None
     last_error: str | None = None
+
+
+@dataclass
+class DeploymentWorkflowStatus(WorkflowStatus):
+    """The `status` answer of a DeploymentWorkflow (the gateway reads its `demand`)."""
+
+    fingerprint: str | None = None
+    profile: dict[str, Any] | None = None
+    replicas: int = 0
+    ready_replicas: int = 0
+    last_demand: str | None = None
+    demand: int = 0  # requests in flight or queued, over every gateway
+    autoscaler: str = "Kama"  # who sets spec.replicas from demand now: Kama or KEDA
+
+
+@dataclass(frozen=True)
+class WakeInput:
+    """The input of a WakeWorkflow, which the gateway starts by name: the deployment to
+    bring back to one ready replica, and how long to wait for it."""
+
+    ref: ObjectRef  # the ModelDeployment
+    timeout_s: float
 
 
 @dataclass(frozen=True)

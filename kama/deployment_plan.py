@@ -31,14 +31,14 @@ from kama.api.deployment import (
     ResolvedProfile,
     Runtime,
 )
+from kama.api.deployment_choices import PlacementMode
 from kama.architectures import DIFFUSION_ARCHITECTURES
 from kama.conditions import ConditionUpdate
 from kama.durations import parse_duration
-from kama.gguf import parse_shard_name
+from kama.gguf.shards import parse_shard_name
 from kama.memory import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MICRO_BATCH_SIZE,
-    LEGACY_RULES,
     MIB,
     DeviceEstimate,
     ModelFacts,
@@ -48,19 +48,18 @@ from kama.memory import (
 from kama.node_inventory import node_from_k8s
 from kama.planner import (
     Placement,
-    PlacementMode,
     PlacementPlan,
     Profile,
     ProfileMode,
     plan_placement,
 )
 from kama.quantities import parse_bytes
+from kama.reasons import DeploymentReason as R
 from kama.serving_plan import ServingPlan, load_mode
 from kama.serving_pod import ServingTemplate
 
 MAX_REJECTED_IN_STATUS: Final = 64
 SINGLE_NODE_ACCESS_MODES: Final = frozenset({"ReadWriteOnce", "ReadWriteOncePod"})
-SCALED_TO_ZERO: Final = "ScaledToZero"  # RuntimeReady's reason when no replica is wanted
 
 
 class ArtifactNotUsable(ValueError):
@@ -70,7 +69,8 @@ class ArtifactNotUsable(ValueError):
 def model_facts(info: GGUFInfo) -> ModelFacts:
     """What the planner needs from the artifact's ``status.gguf``: the one way to build
     ModelFacts from a model, used alike by the deployment workflow, the tests and the
-    calibration benchmark (which go GGUFFacts → ``GGUFInfo.from_facts`` → here).
+    calibration benchmark (which go GGUFFacts → ``kama.gguf.artifact_status.gguf_info``
+    → here).
     Per-layer KV heads are kept when the file gives them; ArtifactNotUsable names what
     is missing or inconsistent."""
     required = {
@@ -345,37 +345,18 @@ def decide_deployment(
     nodes: Sequence[Mapping[str, Any]],
     image: str,
     claim_nodes: Sequence[str] = (),
-    one_node_claims: bool = True,
-    legacy_estimate: bool = False,
 ) -> DeploymentDecision:
     """Plan one replica and build its template; FitFailed gives no template.
 
-    `claim_nodes`: where pods already mount the artifact's claim. With
-    `one_node_claims` (False only to replay what workflows decided before it existed),
-    a claim one node at a time can mount keeps every replica on one node.
-    `legacy_estimate` (only to replay decisions recorded before #26) estimates memory
-    as the first estimator did: every layer at the full context, a logits row per
-    batch token."""
+    `claim_nodes`: where pods already mount the artifact's claim: a claim one node at
+    a time can mount keeps every replica on one node."""
     if artifact.gguf is None or artifact.serving_location is None or not artifact.manifest_digest:
         raise ArtifactNotUsable("artifact status lacks gguf facts, servingLocation or digest")
     facts = model_facts(artifact.gguf)
-    if legacy_estimate:
-        facts = replace(
-            facts,
-            sliding_window=None,
-            sliding_layers=frozenset(),
-            kv_free_layers=frozenset(),
-            kv_widths=None,
-            recurrent_layers=frozenset(),
-            recurrent_bytes_per_layer=0,
-            unmodelled=None,
-            unmodelled_floor_bytes=0,
-            rules=LEGACY_RULES,
-        )
     envelope = runtime_envelope(spec.runtime)
     location = artifact.serving_location
     allowed = nodes_that_mount(affinity=location.node_affinity, nodes=nodes)
-    one_node = one_node_claims and mounted_by_one_node(location.access_modes)
+    one_node = mounted_by_one_node(location.access_modes)
     if one_node and claim_nodes:
         holding = frozenset(claim_nodes)
         allowed = holding if allowed is None else allowed & holding
@@ -451,56 +432,13 @@ def degraded_condition(*, profile: Profile, asked: PlacementMode) -> ConditionUp
     CPU was asked)."""
     kind = DeploymentCondition.DEGRADED
     if profile.degraded_reason is not None:
-        why = "CPUPlacement" if profile.mode is ProfileMode.CPU else "HybridPlacement"
+        why = R.CPU_PLACEMENT if profile.mode is ProfileMode.CPU else R.HYBRID_PLACEMENT
         return (kind, True, why, profile.degraded_reason)
     if profile.mode is ProfileMode.GPU:
-        return (kind, False, "FullGPU", "the whole model is on GPU")
+        return (kind, False, R.FULL_GPU, "the whole model is on GPU")
     return (
         kind,
         False,
-        "AsRequested",
+        R.AS_REQUESTED,
         f"placed as asked (placement.mode {asked}): {describe_profile(profile)}",
     )
-
-
-def ready_condition(conditions: Sequence[Mapping[str, Any]]) -> ConditionUpdate:
-    """`Ready` from the other conditions, by the rule in `kama.api.deployment`: False
-    with the first thing in the way; True when every desired replica is ready, or at
-    zero on purpose while the artifact is Ready and a placement fits."""
-    by_type = {c.get("type"): c for c in conditions}
-
-    def ready(status: bool, reason: str, message: str) -> ConditionUpdate:
-        return (DeploymentCondition.READY, status, reason, message)
-
-    for kind, reason, message in (
-        (DeploymentCondition.ARTIFACT_READY, "ArtifactNotReady", "the artifact is not Ready"),
-        (DeploymentCondition.PLACED, "NotPlaced", "no placement decided yet"),
-    ):
-        found = by_type.get(kind) or {}
-        if found.get("status") != "True":
-            return ready(False, found.get("reason") or reason, found.get("message") or message)
-    runtime = by_type.get(DeploymentCondition.RUNTIME_READY) or {}
-    if runtime.get("status") == "True":
-        return ready(True, runtime["reason"], runtime.get("message", ""))
-    if runtime.get("reason") == SCALED_TO_ZERO:
-        return ready(
-            True,
-            SCALED_TO_ZERO,
-            "no replica is wanted; the first request wakes one (the artifact is Ready and "
-            "a placement fits)",
-        )
-    return ready(
-        False, runtime.get("reason") or "Starting", runtime.get("message") or "no replica yet"
-    )
-
-
-def headline_reason(conditions: Sequence[Mapping[str, Any]]) -> str | None:
-    """The REASON column: the first thing in the way, else what the runtime is doing."""
-    by_type = {c.get("type"): c for c in conditions}
-    artifact, fit = by_type.get("ArtifactReady"), by_type.get("FitFailed")
-    if artifact is not None and artifact.get("status") == "False":
-        return str(artifact.get("reason"))
-    if fit is not None and fit.get("status") == "True":
-        return "FitFailed"
-    runtime = by_type.get("RuntimeReady")
-    return None if runtime is None else str(runtime.get("reason"))

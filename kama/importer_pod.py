@@ -1,13 +1,16 @@
-"""What an operator sets for importer pods besides their Temporal connection: the
+"""The importer pod, built as data (no I/O) like `kama.serving_pod` builds the serving
+pod: `importer_pod_manifest` turns a typed `ImporterTemplate` (what every importer pod
+of this worker shares), the operation and the volumes it mounts into the Pod the
+worker creates (`activities.importer_pods` only reads the artifact and sends it).
+
+What an operator sets for importer pods besides their Temporal connection: the
 container's resources, extra environment (a proxy for downloads: `HTTPS_PROXY`,
 `NO_PROXY`) and a CA bundle to trust for the model source (a TLS-inspecting proxy, a
-private Hub mirror).
-
-The chart hands them to the worker as `KAMA_IMPORTER_RESOURCES` and
-`KAMA_IMPORTER_ENV` (JSON, shaped as in a pod spec) and `KAMA_IMPORTER_CA_CONFIGMAP` /
-`KAMA_IMPORTER_CA_KEY` (a ConfigMap in each served namespace). They are checked when
-the worker starts, so a bad value stops it with a message that names the variable
-instead of failing every import later; pure parsing, no I/O."""
+private Hub mirror). The chart hands them to the worker as `KAMA_IMPORTER_RESOURCES`
+and `KAMA_IMPORTER_ENV` (JSON, shaped as in a pod spec) and
+`KAMA_IMPORTER_CA_CONFIGMAP` / `KAMA_IMPORTER_CA_KEY` (a ConfigMap in each served
+namespace). They are checked when the worker starts, so a bad value stops it with a
+message that names the variable instead of failing every import later."""
 
 from __future__ import annotations
 
@@ -94,6 +97,23 @@ class ImporterMounts:
                 )
             )
         return found
+
+
+def artifact_mounts(
+    spec: Mapping[str, Any], *, cache_claim: str | None, source: bool, token: bool
+) -> ImporterMounts:
+    """What one operation's importer pod mounts, from the live artifact's `spec`: the
+    cache's claim (found by the caller, None: not mounted), the source claim the spec
+    names when `source`, and its `tokenSecretRef` when `token`."""
+    hub_or_claim = spec.get("source") or {}
+    claim = hub_or_claim.get("persistentVolumeClaim") or {}
+    secret = (hub_or_claim.get("huggingFace") or {}).get("tokenSecretRef") or {}
+    return ImporterMounts(
+        cache_claim=cache_claim,
+        source_claim=claim.get("claimName") if source else None,
+        token_secret=secret.get("name") if token else None,
+        token_key=secret.get("key") if token else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -187,29 +207,40 @@ def _extra_env(value: str) -> tuple[dict[str, Any], ...]:
     return tuple(entries)
 
 
+@dataclass(frozen=True, kw_only=True)
+class ImporterTemplate:
+    """What every importer pod of this worker shares: the Kama image, the Hub it
+    downloads from and the operator's options."""
+
+    image: str
+    hf_endpoint: str = "https://huggingface.co"
+    options: ImporterPodOptions = field(default_factory=ImporterPodOptions)
+
+
 def importer_pod_name(artifact: str, operation_id: str) -> str:
     return f"{artifact[:40]}-import-{operation_id[-12:]}".lower()
 
 
 def importer_pod_manifest(
     *,
+    template: ImporterTemplate,
     name: str,
     owner: ObjectRef,
     operation_id: str,
-    image: str,
     token: str,
-    hf_endpoint: str,
     mounts: ImporterMounts,
-    extra_volumes: list[tuple[dict[str, Any], dict[str, Any]]],
-    options: ImporterPodOptions,
 ) -> dict[str, Any]:
     """The importer pod of one operation, owned by its ModelArtifact: it meets the
     `restricted` Pod Security level (non-root, seccomp RuntimeDefault, no privilege
     escalation, every capability dropped), has a read-only root filesystem, no
     service-account token, and requests resources (the operator's, else
     `DEFAULT_RESOURCES`). It holds no Temporal credential: it serves the worker on
-    its pod IP (`kama.importer_protocol`), answering only `token`."""
-    volumes_and_mounts = [*mounts.volumes(), *extra_volumes]
+    its pod IP (`kama.importer_protocol`), answering only `token` (a new one for each
+    pod, made by the caller). The cache claim is mounted read-write, the source claim,
+    the token Secret and the CA bundle read-only."""
+    options = template.options
+    ca = options.ca_volume()
+    volumes_and_mounts = [*mounts.volumes(), *([ca] if ca is not None else [])]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -247,7 +278,7 @@ def importer_pod_manifest(
             "containers": [
                 {
                     "name": "importer",
-                    "image": image,
+                    "image": template.image,
                     "args": ["importer"],
                     "env": [
                         {
@@ -255,7 +286,7 @@ def importer_pod_manifest(
                             "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
                         },
                         {"name": TOKEN_ENV, "value": token},
-                        {"name": "KAMA_HF_ENDPOINT", "value": hf_endpoint},
+                        {"name": "KAMA_HF_ENDPOINT", "value": template.hf_endpoint},
                         *options.container_env(),
                     ],
                     "ports": [{"name": "importer", "containerPort": IMPORTER_PORT}],

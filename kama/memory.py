@@ -49,11 +49,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from fractions import Fraction
 from functools import cached_property
 from types import MappingProxyType
 from typing import Final
+
+from kama.api.deployment_choices import FlashAttention, KVCacheType
 
 __all__ = [
     "COMPUTE_EMBD_FACTOR",
@@ -70,8 +71,6 @@ __all__ = [
     "KV_TYPE_BLOCKS",
     "MIB",
     "DeviceEstimate",
-    "FlashAttention",
-    "KVCacheType",
     "MemoryEstimate",
     "ModelFacts",
     "RuntimeEnvelope",
@@ -129,36 +128,6 @@ SAMPLER_BYTES_PER_TOKEN: Final = 12
 """Host RAM per vocabulary token per slot: each slot's sampler keeps a candidates array
 of ``llama_token_data`` (id, logit, probability: 12 bytes) for the whole vocabulary."""
 
-
-@dataclass(frozen=True, kw_only=True)
-class EstimateRules:
-    """The host-side constants and the logits rule of one version of the estimator.
-    Placement is decided inside the deployment workflow, so a decision recorded before
-    a change of the estimator must replay with the rules it was made with
-    (``LEGACY_RULES``, behind a ``workflow.patched`` marker); new decisions use
-    ``CURRENT_RULES``."""
-
-    host_overhead_bytes: int
-    vocab_bytes_per_token: int
-    sampler_bytes_per_token: int
-    logits_per_slot: bool  # one logits row per slot (True) or per batch token (False)
-
-
-CURRENT_RULES: Final = EstimateRules(
-    host_overhead_bytes=HOST_OVERHEAD_BYTES,
-    vocab_bytes_per_token=VOCAB_BYTES_PER_TOKEN,
-    sampler_bytes_per_token=SAMPLER_BYTES_PER_TOKEN,
-    logits_per_slot=True,
-)
-LEGACY_RULES: Final = EstimateRules(
-    host_overhead_bytes=16 * MIB,
-    vocab_bytes_per_token=0,
-    sampler_bytes_per_token=0,
-    logits_per_slot=False,
-)
-"""The estimator before #26: a logits row per batch token on the host and per micro
-batch token in the compute buffer, every layer's KV at the full context."""
-
 DEFAULT_BATCH_SIZE: Final = 2048
 """llama.cpp's default ``--batch-size``."""
 
@@ -169,24 +138,6 @@ _BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
 _OUTPUT_PREFIXES = ("output.", "output_norm.")
 _TOKEN_EMBD = "token_embd.weight"
 _OUTPUT_WEIGHT = "output.weight"
-
-
-class KVCacheType(StrEnum):
-    """KV cache element types llama-server accepts (``kv_cache_types`` in common/arg.cpp)."""
-
-    F32 = "f32"
-    F16 = "f16"
-    BF16 = "bf16"
-    Q8_0 = "q8_0"
-    Q5_1 = "q5_1"
-    Q5_0 = "q5_0"
-    Q4_1 = "q4_1"
-    Q4_0 = "q4_0"
-    IQ4_NL = "iq4_nl"
-
-    @property
-    def quantized(self) -> bool:
-        return KV_TYPE_BLOCKS[self][0] > 1
 
 
 KV_TYPE_BLOCKS: Final[Mapping[KVCacheType, tuple[int, int]]] = MappingProxyType(
@@ -205,10 +156,10 @@ KV_TYPE_BLOCKS: Final[Mapping[KVCacheType, tuple[int, int]]] = MappingProxyType(
 """(elements per block, bytes per block) of each KV type, as in ggml's type traits."""
 
 
-class FlashAttention(StrEnum):
-    AUTO = "Auto"
-    ON = "On"
-    OFF = "Off"
+def _is_quantized(*, kv_type: KVCacheType) -> bool:
+    """Whether ``kv_type`` is a block-quantized type (llama.cpp then needs flash attention
+    for a V cache of it)."""
+    return KV_TYPE_BLOCKS[kv_type][0] > 1
 
 
 def _row_bytes(*, kv_type: KVCacheType, n_elements: int) -> int:
@@ -261,8 +212,6 @@ class ModelFacts:
     """What of the architecture's memory is not sized here: the estimate then adds an
     allowance (``UNMODELLED_SHARE``) and says so."""
     unmodelled_floor_bytes: int = 0
-    rules: EstimateRules = CURRENT_RULES
-    """The estimator version to apply (``LEGACY_RULES`` only to replay old decisions)."""
 
     def __post_init__(self) -> None:
         _require_positive(
@@ -380,7 +329,7 @@ class RuntimeEnvelope:
                 f"RuntimeEnvelope.micro_batch_size {self.micro_batch_size} is larger than "
                 f"batch_size {self.batch_size}"
             )
-        if self.kv_value_type.quantized and self.flash_attention is FlashAttention.OFF:
+        if _is_quantized(kv_type=self.kv_value_type) and self.flash_attention is FlashAttention.OFF:
             raise ValueError(
                 f"a quantized V cache ({self.kv_value_type}) requires flash attention; "
                 "llama.cpp refuses it with flashAttention Off"
@@ -550,7 +499,7 @@ def _compute_bytes(
         scores = 0 if envelope.flash_attention_estimated else ctx * ub * model.n_head * F32_BYTES
         total += scores + ctx * ub * KQ_MASK_BYTES
     if holds_output:
-        rows = min(ub, output_count(envelope=envelope)) if model.rules.logits_per_slot else ub
+        rows = min(ub, output_count(envelope=envelope))
         total += rows * model.n_vocab * F32_BYTES
     return total
 
@@ -582,11 +531,9 @@ def estimate_memory(
         output = 0
         if is_host:
             weights += model.host_only_weight_bytes
-            rules = model.rules
-            rows = output_count(envelope=envelope) if rules.logits_per_slot else envelope.batch_size
-            output = rows * model.n_vocab * F32_BYTES
-            overhead = rules.host_overhead_bytes + model.n_vocab * (
-                rules.vocab_bytes_per_token + rules.sampler_bytes_per_token * envelope.concurrency
+            output = output_count(envelope=envelope) * model.n_vocab * F32_BYTES
+            overhead = HOST_OVERHEAD_BYTES + model.n_vocab * (
+                VOCAB_BYTES_PER_TOKEN + SAMPLER_BYTES_PER_TOKEN * envelope.concurrency
             )
             overhead += (envelope.prompt_cache_mib or 0) * MIB
             overhead += CUDA_HOST_RUNTIME_BYTES if gpus else 0

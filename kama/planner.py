@@ -27,6 +27,7 @@ from fractions import Fraction
 from types import MappingProxyType
 from typing import Any, Final, Literal
 
+from kama.api.deployment_choices import PlacementMode, PlacementPolicy
 from kama.memory import (
     MemoryEstimate,
     ModelFacts,
@@ -39,9 +40,7 @@ from kama.node_inventory import GPU_MEMORY_LABEL, GPU_RESOURCE, NodeInventory, T
 __all__ = [
     "MIN_REPLICA_CPU_MILLICORES",
     "Placement",
-    "PlacementMode",
     "PlacementPlan",
-    "PlacementPolicy",
     "Profile",
     "ProfileMode",
     "Rejection",
@@ -61,32 +60,6 @@ Toleration = tuple[str, str, str, str]
 "Equal" or "Exists" ("" means Equal); an empty effect matches every effect."""
 
 ResourceName = Literal["memory", "gpu-memory", "gpus", "cpu", "artifact", "node", "mode"]
-
-
-class PlacementMode(StrEnum):
-    AUTO = "Auto"
-    CPU = "CPU"
-    GPU = "GPU"
-
-
-class PlacementPolicy(StrEnum):
-    """How to choose among candidates that fit.
-
-    * Balanced: whole model on the fewest GPUs, best fit (the least VRAM headroom, so the
-      roomiest GPUs stay free for bigger models); else hybrid with the most layers on
-      GPU; else CPU.
-    * Latency: whole model on the fewest GPUs (no hop between GPUs per token), then the
-      most VRAM headroom (GFD gives no speed figures; memory size is the proxy for the
-      bigger GPU); fallbacks as Balanced.
-    * Throughput: whole model spread over up to ``concurrency`` GPUs, as many as fit in
-      that range (llama.cpp's layer split pipelines the micro-batches of concurrent
-      slots across GPUs, and every GPU gains headroom); then fewest GPUs and most
-      headroom. With one slot it chooses like Latency. Fallbacks as Balanced.
-    """
-
-    BALANCED = "Balanced"
-    THROUGHPUT = "Throughput"
-    LATENCY = "Latency"
 
 
 class ProfileMode(StrEnum):

@@ -4,7 +4,8 @@ and `kama status` read them as values, never by matching message text.
 
 A failure's type (`ApplicationError.type`) becomes the reason of the condition that
 reports it, so the two vocabularies overlap on purpose: `Failure` names what can go
-wrong, and `DeploymentReason` adds what a healthy or waiting deployment says.
+wrong, and `DeploymentReason` (`ArtifactReason`, `CacheReason`) adds what a healthy
+or waiting deployment (artifact, cache) says.
 """
 
 from __future__ import annotations
@@ -26,8 +27,11 @@ class Failure(StrEnum):
     STORAGE_UNAVAILABLE = "StorageUnavailable"
     CLAIM_NOT_BOUND = "ClaimNotBound"
     TRANSFER_INTERRUPTED = "TransferInterrupted"
+    IMPORTER_UNAVAILABLE = "ImporterUnavailable"  # the importer pod did not answer
+    IMPORTER_ANSWER_INVALID = "ImporterAnswerInvalid"  # it answered out of protocol
     IMPORT_FAILED = "ImportFailed"  # an import failure that names no type of its own
     VERIFY_FAILED = "VerifyFailed"  # a requested re-hash could not run (bytes not blamed)
+    EXPANSION_FAILED = "ExpansionFailed"  # sizing a cache's claim failed with no type of its own
     # the API server's answers (`activities.kube_errors`)
     FORBIDDEN = "Forbidden"
     INVALID = "Invalid"
@@ -38,6 +42,8 @@ class Failure(StrEnum):
     COLD_START_TIMEOUT = "ColdStartTimeout"
     KEDA_UNAVAILABLE = "KedaUnavailable"
     FORGED_REQUEST = "ForgedRequest"
+    OWNER_GONE = "OwnerGone"  # the Kama resource an activity acts for is deleted
+    PLACEMENT_NOT_ALLOWED = "PlacementNotAllowed"  # a serving pod's placement, refused
 
 
 class DeploymentReason(StrEnum):
@@ -54,10 +60,12 @@ class DeploymentReason(StrEnum):
     FITS = "Fits"
     ESTIMATED = "Estimated"
     PROFILED = "Profiled"
+    NOT_PLACED = "NotPlaced"
     # Degraded
-    AS_ASKED = "AsAsked"
-    CPU_FALLBACK = "CPUFallback"
-    HYBRID_FALLBACK = "HybridFallback"
+    FULL_GPU = "FullGPU"
+    AS_REQUESTED = "AsRequested"
+    CPU_PLACEMENT = "CPUPlacement"
+    HYBRID_PLACEMENT = "HybridPlacement"
     # RuntimeReady (also the reasons of a rollout that gave up or was refused)
     ALL_REPLICAS_READY = "AllReplicasReady"
     STARTING = "Starting"
@@ -77,6 +85,32 @@ class DeploymentReason(StrEnum):
     NO_ENDPOINTS = "NoEndpoints"
     # ScaledToZero
     SCALED = "Scaled"
+
+
+class ArtifactReason(StrEnum):
+    """Reasons on a ModelArtifact's conditions and Events besides its failures."""
+
+    IMPORTING = "Importing"  # Ready=False while an import runs
+    DOWNLOADING = "Downloading"  # Importing: copying from the source
+    VERIFYING = "Verifying"  # Importing: a Direct source hashed in place
+    RESOLVED = "Resolved"  # SourceResolved
+    IMPORTED = "Imported"  # Importing=False, and the failure conditions cleared
+    CHECKSUMS_MATCH = "ChecksumsMatch"  # Verified at import
+    REHASHED = "Rehashed"  # Verified by a requested re-hash
+    PUBLISHED = "Published"  # Ready
+    # Events
+    READY = "Ready"
+    VERIFIED = "Verified"
+    DELETION_BLOCKED = "DeletionBlocked"
+
+
+class CacheReason(StrEnum):
+    """Reasons on a ModelCache's conditions and Events besides its failures."""
+
+    CLAIM_BOUND = "ClaimBound"  # Ready
+    IMPORT_DOES_NOT_FIT = "ImportDoesNotFit"  # InsufficientCapacity: an import's report
+    ENOUGH = "Enough"  # InsufficientCapacity=False
+    DELETION_BLOCKED = "DeletionBlocked"  # Event
 
 
 ARTIFACT_FAILURES: Final = frozenset(

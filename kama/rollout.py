@@ -107,3 +107,15 @@ def plan_rollout(
         converged=converged,
         waiting_for=waiting,
     )
+
+
+def pods_settled(*, pods: Sequence[ObservedPod], fingerprint: str, desired: int) -> bool:
+    """Whether the pods are exactly `desired` ready replicas of `fingerprint`, with no
+    pod of another template serving and no dead pod left to remove."""
+    current = [p for p in pods if p.fingerprint == fingerprint and p.serving]
+    return (
+        len(current) == desired
+        and all(p.ready for p in current)
+        and not any(p.serving and p.fingerprint != fingerprint for p in pods)
+        and not any(p.terminal and not p.deleting for p in pods)
+    )

@@ -38,6 +38,9 @@ GPU_RESOURCE: Final = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
 RUNTIME_USER: Final = 65532
 GRACE_BEYOND_DRAIN_S: Final = 15
+SERVING_PLAN_ENV: Final = "KAMA_SERVING_PLAN"
+"""The serving container's environment variable that carries its ``ServingPlan`` as JSON:
+the runtime reads it, the gateway finds the plan of a pod by it."""
 FINGERPRINT_CHARS: Final = 10
 MAX_NAME_PREFIX: Final = 40
 # ServingPlan and ServingTemplate fields that did not exist in the first release's
@@ -161,7 +164,7 @@ def serving_pod_manifest(
                 "args": ["runtime"],
                 "env": [
                     {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-                    {"name": "KAMA_SERVING_PLAN", "value": plan.to_json()},
+                    {"name": SERVING_PLAN_ENV, "value": plan.to_json()},
                     *_layout_env(template),
                 ],
                 "ports": [

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from kama.cache_layout import RESERVED_NAMES, InvalidPath, safe_relative_path
-from kama.gguf import MissingShard, parse_shard_name
+from kama.gguf.shards import MissingShard, parse_shard_name
 
 MAX_FILES = 128
 NAMES_SHOWN = 8  # file names a message lists before "and N more"

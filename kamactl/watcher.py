@@ -7,13 +7,13 @@ import asyncio
 import signal
 import threading
 
+from informer.watch import WatchHealth
 from kama.config import Settings
 from kamactl.clients import connect_temporal, kube_api
 from kamactl.telemetry import install_temporal_metrics, serve_metrics
 from watcher.health import serve_health
 from watcher.main import run_watcher
 from watcher.metrics import WatcherMetrics
-from watcher.watch import WatchHealth
 
 
 async def run_watcher_process(settings: Settings) -> None:

@@ -16,6 +16,7 @@ import httpx
 from temporalio.worker import Worker
 
 from kama.config import Settings
+from kama.importer_pod import ImporterTemplate
 from kamactl.clients import connect_temporal, kube_api
 from kamactl.importer_relays import ImporterRelays
 from kamactl.telemetry import install_temporal_metrics
@@ -37,7 +38,7 @@ def _stop_on_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> No
 
 async def run_worker(settings: Settings) -> None:
     from activities.keda import KedaActivities
-    from activities.kube import ImporterSettings, KubeActivities
+    from activities.kube import KubeActivities
     from activities.llama_server import LlamaServerActivities
     from activities.progress import ProgressActivities
     from activities.serving_pods import ServingPodActivities
@@ -57,7 +58,7 @@ async def run_worker(settings: Settings) -> None:
     api = kube_api()
     kube = KubeActivities(
         api=api,
-        importer=ImporterSettings(
+        importer=ImporterTemplate(
             image=settings.importer_image,
             hf_endpoint=settings.hf_endpoint,
             options=settings.importer_pod,

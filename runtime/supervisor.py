@@ -58,10 +58,10 @@ from kama.serving_plan import (
     SUPERVISOR_PORT,
     ServingPlan,
 )
+from kama.serving_pod import SERVING_PLAN_ENV
 
 log = logging.getLogger("kama.runtime")
 
-PLAN_ENV = "KAMA_SERVING_PLAN"
 LLAMA_SERVER_ENV = "KAMA_LLAMA_SERVER"
 PROBE_TIMEOUT_S = 2.0
 # while llama-server is still loading, a readiness probe waits this long for it (under
@@ -120,14 +120,15 @@ def _file_sets(directory: Path, entrypoint: str) -> list[list[str]]:
     """The file sets a Direct import can have made for `entrypoint`: the file alone or
     its shard set (a file source), and every GGUF file of the directory (a
     directory source)."""
-    from kama.gguf import parse_shard_name  # only Direct pods pay for the import
+    # only Direct pods pay for the import
+    from kama.gguf.shards import parse_shard_name, shard_file_names
 
     shard = parse_shard_name(entrypoint)
     if shard is None:
         own = [entrypoint]
     else:
         stem, _, count = shard
-        own = [f"{stem}-{n:05d}-of-{count:05d}.gguf" for n in range(1, count + 1)]
+        own = shard_file_names(stem, count)
     everything = sorted(p.name for p in directory.iterdir() if p.name.endswith(".gguf"))
     return [own] if everything == own else [own, everything]
 
@@ -303,7 +304,7 @@ class Supervisor:
 
 def run_runtime() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    plan = ServingPlan.from_json(os.environ[PLAN_ENV])
+    plan = ServingPlan.from_json(os.environ[SERVING_PLAN_ENV])
     host = os.environ.get("POD_IP", "127.0.0.1")
     models = Path(os.environ.get("KAMA_MODELS_DIR", MODELS_DIR))
     in_place = os.environ.get(ARTIFACT_LAYOUT_ENV) == IN_PLACE_LAYOUT

@@ -9,7 +9,7 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from watcher.watch import WatchHealth
+from informer.watch import WatchHealth
 
 
 def serve_health(*, health: WatchHealth, host: str, port: int) -> ThreadingHTTPServer:

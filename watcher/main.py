@@ -12,13 +12,7 @@ from typing import Any
 from kubernetes import client as k8s
 from temporalio.client import Client
 
-from kama.api import GROUP, VERSION
-from kama.config import Settings
-from kama.serving_pod import ROLE_LABEL, SERVER_ROLE
-from watcher.dependents import DeploymentSignals
-from watcher.metrics import WatcherMetrics
-from watcher.nudge import ARTIFACT, CACHE, DEPLOYMENT, EntityKind, Nudger
-from watcher.watch import (
+from informer.watch import (
     WatchHealth,
     WatchTarget,
     in_namespaces,
@@ -26,6 +20,12 @@ from watcher.watch import (
     labelled_pods,
     start_watch,
 )
+from kama.api import GROUP, VERSION
+from kama.config import Settings
+from kama.serving_pod import ROLE_LABEL, SERVER_ROLE
+from watcher.dependents import DeploymentSignals
+from watcher.metrics import WatcherMetrics
+from watcher.nudge import ARTIFACT, CACHE, DEPLOYMENT, EntityKind, Nudger
 
 log = logging.getLogger("kama.watcher")
 

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from watcher.watch import WatchHealth
+from informer.watch import WatchHealth
 
 
 class WatchHealthCollector(Collector):

@@ -23,7 +23,6 @@ from typing import Any
 
 from kubernetes import client as k8s
 from temporalio.client import Client
-from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
 from kama.api import FINALIZER, GROUP, VERSION
 from kama.config import Settings
@@ -31,15 +30,13 @@ from kama.contracts import (
     ARTIFACTS,
     CACHES,
     DEPLOYMENTS,
-    KAMA_KIND,
-    KAMA_NAME,
-    KAMA_NAMESPACE,
     SPEC_CHANGED,
     EntitySnapshot,
     ObjectRef,
     artifact_workflow_id,
     cache_workflow_id,
     deployment_workflow_id,
+    entity_search_attributes,
 )
 from workflows.artifact import ArtifactInput, ArtifactWorkflow
 from workflows.cache import CacheInput, CacheWorkflow
@@ -201,12 +198,8 @@ class Nudger:
             task_queue=self.task_queue,
             start_signal=SPEC_CHANGED,
             start_signal_args=[snap],
-            search_attributes=TypedSearchAttributes(
-                [
-                    SearchAttributePair(KAMA_KIND, self.entity.kind),
-                    SearchAttributePair(KAMA_NAMESPACE, snap.ref.namespace),
-                    SearchAttributePair(KAMA_NAME, snap.ref.name),
-                ]
+            search_attributes=entity_search_attributes(
+                kind=self.entity.kind, namespace=snap.ref.namespace, name=snap.ref.name
             ),
             memo={"spec": self.entity.summary(snap.spec)},
         )

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import PurePosixPath
@@ -32,32 +32,30 @@ from temporalio.exceptions import (
 )
 
 from workflows.entity import AGAIN, HISTORY_LIMIT, EntityWorkflow, Rest
-from workflows.kube_calls import CLAIM, call_kube, failure_type
+from workflows.kube_calls import CLAIM, call_kube, causes, failure_type
 from workflows.polling import poll_interval
 
 with workflow.unsafe.imports_passed_through():
-    from activities.cache import INSUFFICIENT_STORAGE
-    from activities.kube import (
-        CacheClaim,
-        CacheRequest,
-        FinalizerRequest,
-        ImporterPod,
-        KubeActivities,
-        PodRef,
-        StatusPatch,
-    )
-    from activities.models import HuggingFaceSource, PublishedArtifact, PvcSource
+    from activities.claims import CacheClaim, CacheRequest
+    from activities.import_payloads import HubSource, PublishedArtifact, PvcSource
+    from activities.importer_pods import ImporterPod, PodRef
+    from activities.kama_objects import FinalizerRequest
+    from activities.kube import KubeActivities
     from kama.api import (
         ArtifactCondition,
+        ArtifactFile,
         ArtifactPhase,
+        GGUFInfo,
+        ImportProgress,
         ModelArtifactSpec,
+        ModelArtifactStatus,
         PVCSourceMode,
+        ServingLocation,
     )
     from kama.cache_layout import blob_dir
-    from kama.conditions import ConditionUpdate, rfc3339, updated_status
+    from kama.conditions import ConditionUpdate, rfc3339, status_json, updated_status_model
     from kama.contracts import (
         ARTIFACTS,
-        CACHES,
         CAPACITY_REPORT,
         STATUS_QUERY,
         VERIFY,
@@ -71,6 +69,7 @@ with workflow.unsafe.imports_passed_through():
         verify_workflow_id,
     )
     from kama.importer_pod import CACHE_MOUNT, SOURCE_MOUNT
+    from kama.reasons import ArtifactReason, Failure
     from workflows.import_model import ImportInput, ImportResult, ImportWorkflow
     from workflows.import_watch import ImportWatchWorkflow, WatchInput, watch_workflow_id
     from workflows.verify_model import VerifyInput, VerifyResult, VerifyWorkflow
@@ -79,22 +78,17 @@ DELETE_RECHECK = timedelta(seconds=30)
 DELETE_RECHECK_MAX = timedelta(minutes=5)
 """A deletion held by ModelDeployments that use the artifact is rechecked after 30 s,
 then less often, up to every 5 minutes (such a hold can last days)."""
-CAPACITY_REPORT_PATCH = "cache-capacity-report-1"
-"""The free space an import found goes to the CacheWorkflow as a `capacity report`
-signal (it owns the cache's status), also when the import did not fit, instead of
-being patched into the cache's status by the artifact."""
 
-IMPORT_FAILED = "ImportFailed"  # the reason of a failure that names no type of its own
-FAILURE_CONDITIONS = {
-    "ChecksumMismatch": ArtifactCondition.CHECKSUM_MISMATCH,
-    "InvalidGGUF": ArtifactCondition.INVALID_GGUF,
-    "MissingShard": ArtifactCondition.MISSING_SHARD,
-    "InsufficientStorage": ArtifactCondition.INSUFFICIENT_STORAGE,
-    "SourceUnavailable": ArtifactCondition.SOURCE_UNAVAILABLE,
-    "StorageUnavailable": ArtifactCondition.STORAGE_UNAVAILABLE,
-    "ClaimNotBound": ArtifactCondition.STORAGE_UNAVAILABLE,
+FAILURE_CONDITIONS: Mapping[str, ArtifactCondition] = {
+    Failure.CHECKSUM_MISMATCH: ArtifactCondition.CHECKSUM_MISMATCH,
+    Failure.INVALID_GGUF: ArtifactCondition.INVALID_GGUF,
+    Failure.MISSING_SHARD: ArtifactCondition.MISSING_SHARD,
+    Failure.INSUFFICIENT_STORAGE: ArtifactCondition.INSUFFICIENT_STORAGE,
+    Failure.SOURCE_UNAVAILABLE: ArtifactCondition.SOURCE_UNAVAILABLE,
+    Failure.STORAGE_UNAVAILABLE: ArtifactCondition.STORAGE_UNAVAILABLE,
+    Failure.CLAIM_NOT_BOUND: ArtifactCondition.STORAGE_UNAVAILABLE,
 }
-VERIFY_FAILED = "VerifyFailed"  # a requested re-hash could not run (the bytes are not blamed)
+"""The condition each typed failure sets True (the others only set Ready=False)."""
 Result = TypeVar("Result")
 
 
@@ -102,7 +96,7 @@ Result = TypeVar("Result")
 class ArtifactMemory:
     """State carried across continue-as-new."""
 
-    status: dict[str, Any] = field(default_factory=dict)
+    status: dict[str, Any] = field(default_factory=dict)  # as last written (`status_json`)
     imported_generation: int | None = None
     failed_generation: int | None = None
     attempt: int = 0
@@ -162,14 +156,12 @@ def is_direct(spec: ModelArtifactSpec) -> bool:
 def shortage(error: BaseException) -> tuple[int, int] | None:
     """(free, needed) bytes of an import that did not fit in its cache, from the
     `InsufficientStorage` error behind a failed child workflow."""
-    current: BaseException | None = error
-    while current is not None:
-        if isinstance(current, ApplicationError) and current.type == INSUFFICIENT_STORAGE:
-            details = current.details[0] if current.details else None
+    for found in causes(error):
+        if isinstance(found, ApplicationError) and found.type == Failure.INSUFFICIENT_STORAGE:
+            details = found.details[0] if found.details else None
             if isinstance(details, dict):
                 return int(details.get("freeBytes", 0)), int(details.get("neededBytes", 0))
             return None
-        current = getattr(current, "cause", None) or current.__cause__
     return None
 
 
@@ -181,6 +173,7 @@ class ArtifactWorkflow(EntityWorkflow):
     def __init__(self) -> None:
         super().__init__()
         self._memory = ArtifactMemory()
+        self._status = ModelArtifactStatus()  # as last written (`_memory.status`, typed)
         self._last_error: str | None = None
 
     @workflow.signal(name=VERIFY)
@@ -195,11 +188,11 @@ class ArtifactWorkflow(EntityWorkflow):
 
     @workflow.query(name=STATUS_QUERY)
     def status(self) -> ArtifactWorkflowStatus:
-        found = self._memory.status
+        phase = self._status.phase
         return self._answer(
             ArtifactWorkflowStatus(
-                phase=found.get("phase"),
-                manifest_digest=found.get("manifestDigest"),
+                phase=None if phase is None else str(phase),
+                manifest_digest=self._status.manifest_digest,
                 attempt=self._memory.attempt,
                 verifications=self._memory.verifications,
                 last_error=self._last_error,
@@ -211,6 +204,7 @@ class ArtifactWorkflow(EntityWorkflow):
     @workflow.run
     async def run(self, request: ArtifactInput) -> None:
         self._memory = request.memory
+        self._status = ModelArtifactStatus.model_validate(request.memory.status)
         await self._keep(request.snapshot)
 
     async def _reconcile(self, snap: EntitySnapshot, *, retry: bool) -> Rest | None:
@@ -246,10 +240,14 @@ class ArtifactWorkflow(EntityWorkflow):
         operation = f"{snap.ref.uid[:8]}-g{snap.generation}-a{self._memory.attempt}"
         await self._write(
             snap,
-            phase=ArtifactPhase.RESOLVING,
-            extra={},
+            ModelArtifactStatus(phase=ArtifactPhase.RESOLVING),
             conditions=[
-                (ArtifactCondition.READY, False, "Importing", "the artifact is being imported"),
+                (
+                    ArtifactCondition.READY,
+                    False,
+                    ArtifactReason.IMPORTING,
+                    "the artifact is being imported",
+                ),
             ],
         )
         hf = spec.source.hugging_face
@@ -258,7 +256,7 @@ class ArtifactWorkflow(EntityWorkflow):
         try:
             claim = await self._claims(snap, spec, with_source=True)
         except ActivityError as exc:
-            kind, message = failure_type(exc, default=IMPORT_FAILED)
+            kind, message = failure_type(exc, default=Failure.IMPORT_FAILED)
             await self._fail(snap, kind, message, pod=None)
             return
         token = hf.token_secret_ref if hf is not None else None
@@ -271,7 +269,7 @@ class ArtifactWorkflow(EntityWorkflow):
             operation_id=operation,
             source=None
             if hf is None
-            else HuggingFaceSource(
+            else HubSource(
                 repo=hf.repo,
                 revision=hf.revision,
                 files=list(hf.files),
@@ -293,13 +291,14 @@ class ArtifactWorkflow(EntityWorkflow):
         self._doing = "importing"
         await self._write(
             snap,
-            phase=ArtifactPhase.VERIFYING if direct else ArtifactPhase.IMPORTING,
-            extra={},
+            ModelArtifactStatus(
+                phase=ArtifactPhase.VERIFYING if direct else ArtifactPhase.IMPORTING
+            ),
             conditions=[
                 (
                     ArtifactCondition.IMPORTING,
                     not direct,
-                    "Verifying" if direct else "Downloading",
+                    ArtifactReason.VERIFYING if direct else ArtifactReason.DOWNLOADING,
                     f"importer pod {pod.name} is {'verifying' if direct else 'copying'} from {origin}",
                 ),
             ],
@@ -336,28 +335,17 @@ class ArtifactWorkflow(EntityWorkflow):
         except (ChildWorkflowError, ActivityError, ApplicationError) as exc:
             if not child.done():  # a call of our own failed for good: stop the import
                 child.cancel()
-            kind, message = failure_type(exc, default=IMPORT_FAILED)
+            kind, message = failure_type(exc, default=Failure.IMPORT_FAILED)
             await self._fail(snap, kind, message, pod=pod)
             found = shortage(exc)
-            if found is not None and workflow.patched(CAPACITY_REPORT_PATCH):
+            if found is not None:
                 free, needed = found
                 await self._tell_cache(snap, spec, claim, needed=needed, free=free)
             return
         await self._succeed(snap, result, claim, pod)
-        if result.free_bytes is not None and spec.cache_ref is not None:
-            if workflow.patched(CAPACITY_REPORT_PATCH):
-                await self._tell_cache(
-                    snap, spec, claim, needed=result.artifact.total_size, free=result.free_bytes
-                )
-                return
-            cache = ObjectRef(namespace=snap.ref.namespace, name=spec.cache_ref.name, uid="")
-            reported = {
-                "freeBytes": result.free_bytes - result.artifact.total_size,
-                "freeReportedAt": rfc3339(workflow.now()),
-            }
-            await call_kube(
-                KubeActivities.patch_status,
-                StatusPatch(kind_plural=CACHES, ref=cache, status=reported),
+        if result.free_bytes is not None:
+            await self._tell_cache(
+                snap, spec, claim, needed=result.artifact.total_size, free=result.free_bytes
             )
 
     async def _claims(
@@ -470,7 +458,7 @@ class ArtifactWorkflow(EntityWorkflow):
         spec = ModelArtifactSpec.model_validate(snap.spec)
         self._memory.verifications += 1
         operation = f"{snap.ref.uid[:8]}-g{snap.generation}-v{self._memory.verifications}"
-        recorded = str(self._memory.status.get("manifestDigest", "")).removeprefix("sha256:")
+        recorded = (self._status.manifest_digest or "").removeprefix("sha256:")
         pvc = spec.source.persistent_volume_claim
         direct = is_direct(spec)
         try:
@@ -503,10 +491,11 @@ class ArtifactWorkflow(EntityWorkflow):
         except (ChildWorkflowError, ActivityError, ApplicationError) as exc:
             if not child.done():
                 child.cancel()
-            if failure_type(exc, default=VERIFY_FAILED)[0] != "ChecksumMismatch":
+            kind, message = failure_type(exc, default=Failure.VERIFY_FAILED)
+            if kind != Failure.CHECKSUM_MISMATCH:
                 await self._verify_failed(snap, exc, pod=pod)
                 return
-            await self._corrupted(snap, failure_type(exc, default=VERIFY_FAILED)[1], pod=pod)
+            await self._corrupted(snap, message, pod=pod)
             return
         found = verified.artifact
         if found is not None and found.manifest_digest != recorded:
@@ -522,28 +511,27 @@ class ArtifactWorkflow(EntityWorkflow):
         )
         await self._write(
             snap,
-            phase=ArtifactPhase.READY,
-            extra={},
-            conditions=[(ArtifactCondition.VERIFIED, True, "Rehashed", message)],
+            ModelArtifactStatus(phase=ArtifactPhase.READY),
+            conditions=[(ArtifactCondition.VERIFIED, True, ArtifactReason.REHASHED, message)],
         )
-        await self._record(snap, type="Normal", reason="Verified", message=message)
+        await self._record(snap, type="Normal", reason=ArtifactReason.VERIFIED, message=message)
         await call_kube(KubeActivities.delete_pod, pod)
         self._doing = "ready (verified on request)"
 
     async def _corrupted(self, snap: EntitySnapshot, message: str, *, pod: PodRef) -> None:
         """A requested re-hash found other bytes: not servable until imported again."""
-        await self._fail(snap, "ChecksumMismatch", message, pod=pod)
+        await self._fail(snap, Failure.CHECKSUM_MISMATCH, message, pod=pod)
         self._memory.imported_generation = None
 
     async def _verify_failed(
         self, snap: EntitySnapshot, error: BaseException, *, pod: PodRef | None
     ) -> None:
-        kind, message = failure_type(error, default=VERIFY_FAILED)
+        kind, message = failure_type(error, default=Failure.VERIFY_FAILED)
         self._last_error = f"verify: {kind}: {message}"
         await self._record(
             snap,
             type="Warning",
-            reason=VERIFY_FAILED,
+            reason=Failure.VERIFY_FAILED,
             message=f"the requested re-hash did not run ({kind}): {message}",
         )
         if pod is not None:
@@ -554,30 +542,28 @@ class ArtifactWorkflow(EntityWorkflow):
     ) -> None:
         art = result.artifact
         digest = f"sha256:{art.manifest_digest}"
-        extra: dict[str, Any] = {
-            "files": [
-                {"path": f.path, "size": f.size, "sha256": f.sha256}
+        published = ModelArtifactStatus(
+            phase=ArtifactPhase.READY,
+            files=[
+                ArtifactFile(path=f.path, size=f.size, sha256=f.sha256)
                 for f in sorted(result.files, key=lambda f: f.path)
             ],
-            "manifestDigest": digest,
-            "artifactDigest": f"sha256:{art.artifact_digest}",
-            "shortDigest": art.artifact_digest[:12],
-            "totalSize": art.total_size,
-            "gguf": {k: v for k, v in art.facts.items() if v is not None},
-            "servingLocation": {
-                "claimName": claim.claim_name,
-                "subPath": art.directory if result.in_place else str(blob_dir(art.manifest_digest)),
-                "accessModes": claim.access_modes,
-                **({"nodeAffinity": claim.node_affinity} if claim.node_affinity else {}),
-            },
-            "progress": {"bytesDone": art.total_size, "bytesTotal": art.total_size},
-        }
-        if result.commit:
-            extra["resolvedCommit"] = result.commit
-        if art.entrypoint:  # "" from an importer older than the field
-            extra["entrypoint"] = art.entrypoint
-        if art.projector:
-            extra["projector"] = art.projector
+            manifest_digest=digest,
+            artifact_digest=f"sha256:{art.artifact_digest}",
+            short_digest=art.artifact_digest[:12],
+            total_size=art.total_size,
+            gguf=GGUFInfo.model_validate(art.facts),
+            serving_location=ServingLocation(
+                claim_name=claim.claim_name,
+                sub_path=art.directory if result.in_place else str(blob_dir(art.manifest_digest)),
+                access_modes=claim.access_modes,
+                node_affinity=claim.node_affinity or None,
+            ),
+            progress=ImportProgress(bytes_done=art.total_size, bytes_total=art.total_size),
+            resolved_commit=result.commit or None,
+            entrypoint=art.entrypoint or None,
+            projector=art.projector or None,
+        )
         how = (
             "reused the published blob"
             if result.reused
@@ -585,33 +571,38 @@ class ArtifactWorkflow(EntityWorkflow):
         )
         await self._write(
             snap,
-            phase=ArtifactPhase.READY,
-            extra=extra,
+            published,
             conditions=[
                 (
                     ArtifactCondition.SOURCE_RESOLVED,
                     True,
-                    "Resolved",
+                    ArtifactReason.RESOLVED,
                     f"revision resolved to commit {result.commit}"
                     if result.commit
                     else "files found on the source claim",
                 ),
-                (ArtifactCondition.IMPORTING, False, "Imported", how),
+                (ArtifactCondition.IMPORTING, False, ArtifactReason.IMPORTED, how),
                 (
                     ArtifactCondition.VERIFIED,
                     True,
-                    "ChecksumsMatch",
+                    ArtifactReason.CHECKSUMS_MATCH,
                     "sha256 of every file matches the source",
                 ),
-                *[(c, False, "Imported", "") for c in dict.fromkeys(FAILURE_CONDITIONS.values())],
-                (ArtifactCondition.READY, True, "Published", f"published as {digest}"),
+                *[
+                    (c, False, ArtifactReason.IMPORTED, "")
+                    for c in dict.fromkeys(FAILURE_CONDITIONS.values())
+                ],
+                (ArtifactCondition.READY, True, ArtifactReason.PUBLISHED, f"published as {digest}"),
             ],
         )
         self._memory.imported_generation = snap.generation
         self._memory.failed_generation = None
         self._last_error = None
         await self._record(
-            snap, type="Normal", reason="Ready", message=f"Artifact {digest[:19]} is ready ({how})"
+            snap,
+            type="Normal",
+            reason=ArtifactReason.READY,
+            message=f"Artifact {digest[:19]} is ready ({how})",
         )
         await call_kube(KubeActivities.delete_pod, pod)
 
@@ -623,11 +614,13 @@ class ArtifactWorkflow(EntityWorkflow):
             (ArtifactCondition.IMPORTING, False, kind, message),
             (ArtifactCondition.READY, False, kind, message),
         ]
-        if kind == "ChecksumMismatch":
+        if kind == Failure.CHECKSUM_MISMATCH:
             conditions.append((ArtifactCondition.VERIFIED, False, kind, message))
         if condition is not None:
             conditions.append((condition, True, kind, message))
-        await self._write(snap, phase=ArtifactPhase.FAILED, extra={}, conditions=conditions)
+        await self._write(
+            snap, ModelArtifactStatus(phase=ArtifactPhase.FAILED), conditions=conditions
+        )
         await self._record(snap, type="Warning", reason=kind, message=message)
         if pod is not None:
             await call_kube(KubeActivities.delete_pod, pod)
@@ -650,7 +643,7 @@ class ArtifactWorkflow(EntityWorkflow):
                 await self._record(
                     snap,
                     type="Warning",
-                    reason="DeletionBlocked",
+                    reason=ArtifactReason.DELETION_BLOCKED,
                     message=f"still used by ModelDeployment(s) {', '.join(users)}",
                 )
                 self._memory.deletion_held_by = users
@@ -672,17 +665,19 @@ class ArtifactWorkflow(EntityWorkflow):
     async def _write(
         self,
         snap: EntitySnapshot,
+        fields: ModelArtifactStatus,
         *,
-        phase: str,
-        extra: dict[str, Any],
         conditions: list[ConditionUpdate],
     ) -> None:
-        status = updated_status(
-            self._memory.status,
+        """Set the fields set in `fields` (the phase, at least) and `conditions`; patch
+        the status if that changed it."""
+        status = updated_status_model(
+            self._status,
             conditions,
-            fields={**extra, "phase": str(phase)},
+            fields=[fields],
             now=workflow.now(),
             generation=snap.generation,
         )
-        if await self._write_status(snap, written=self._memory.status, status=status):
-            self._memory.status = status
+        written = status_json(status)
+        if await self._write_status(snap, written=self._memory.status, status=written):
+            self._status, self._memory.status = status, written

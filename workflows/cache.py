@@ -29,18 +29,23 @@ from workflows.entity import EntityWorkflow, Rest
 from workflows.kube_calls import CLAIM, CLAIM_RETRY, call_kube, failure_type
 
 with workflow.unsafe.imports_passed_through():
-    from activities.kube import (
+    from activities.claims import (
         CLAIM_EXPANDING,
         CLAIM_NOT_EXPANDABLE,
         CLAIM_SIZED,
         CacheClaim,
         CacheRequest,
         ClaimExpansion,
-        FinalizerRequest,
-        KubeActivities,
     )
-    from kama.api import CacheConditionType
-    from kama.conditions import ConditionUpdate, rfc3339, updated_status
+    from activities.kama_objects import FinalizerRequest
+    from activities.kube import KubeActivities
+    from kama.api import CacheConditionType, ModelCacheStatus
+    from kama.conditions import (
+        ConditionUpdate,
+        status_json,
+        updated_status_model,
+        whole_seconds,
+    )
     from kama.contracts import (
         CACHES,
         CAPACITY_REPORT,
@@ -49,6 +54,7 @@ with workflow.unsafe.imports_passed_through():
         EntitySnapshot,
         WorkflowStatus,
     )
+    from kama.reasons import CacheReason, Failure
 
 CLAIM_ATTEMPTS = 30  # then StorageUnavailable, and the workflow looks again after RECHECK
 CLAIM_CHECK = CallPolicy(
@@ -56,9 +62,6 @@ CLAIM_CHECK = CallPolicy(
     retry=dataclasses.replace(CLAIM_RETRY, maximum_attempts=CLAIM_ATTEMPTS),
 )
 RECHECK = timedelta(seconds=30)
-EXPANSION_PATCH = "cache-claim-expansion-1"
-"""Each pass also sizes the claim Kama created (`Expand cache claim`) and writes
-InsufficientCapacity."""
 
 
 def capacity_condition(
@@ -72,7 +75,7 @@ def capacity_condition(
         return (
             kind,
             True,
-            "ImportDoesNotFit",
+            CacheReason.IMPORT_DOES_NOT_FIT,
             f"ModelArtifact {report.artifact} needs {report.needed_bytes} bytes, the cache "
             f"had {report.free_bytes} free: grow spec.claimTemplate.size (or the claim), or "
             "free space, then `retry` the artifact",
@@ -84,16 +87,16 @@ def capacity_condition(
             f"ModelArtifact {report.artifact} fit: {report.needed_bytes} of "
             f"{report.free_bytes} free bytes"
         )
-        return (kind, False, "Enough", message)
+        return (kind, False, CacheReason.ENOUGH, message)
     if expansion is not None:
-        return (kind, False, "Enough", expansion.message)
+        return (kind, False, CacheReason.ENOUGH, expansion.message)
     return None
 
 
 @dataclass(frozen=True)
 class CacheInput:
     snapshot: EntitySnapshot  # same shape: identity, generation, spec, deleting
-    status: dict[str, Any] = field(default_factory=dict)
+    status: dict[str, Any] = field(default_factory=dict)  # as last written (`status_json`)
     report: CapacityReport | None = None  # the last import's capacity report
 
 
@@ -112,54 +115,53 @@ class CacheWorkflow(EntityWorkflow):
 
     def __init__(self) -> None:
         super().__init__()
-        self._status: dict[str, Any] = {}
+        self._status = ModelCacheStatus()
         self._last_report: CapacityReport | None = None
-        self._reported: dict[str, Any] = {}  # status fields of a report not written yet
+        self._reported: ModelCacheStatus | None = None  # a report's fields not written yet
 
     @workflow.signal(name=CAPACITY_REPORT)
     def capacity_report(self, report: CapacityReport) -> None:
         """An import found `free_bytes` on the volume and needed `needed_bytes`."""
         self._last_report = report
         left = report.free_bytes if report.short else report.free_bytes - report.needed_bytes
-        self._reported = {"freeBytes": left, "freeReportedAt": rfc3339(workflow.now())}
+        self._reported = ModelCacheStatus(
+            free_bytes=left, free_reported_at=whole_seconds(workflow.now())
+        )
 
     def _woken(self, snap: EntitySnapshot) -> bool:
-        return bool(self._reported) or super()._woken(snap)
+        return self._reported is not None or super()._woken(snap)
 
     @workflow.query(name=STATUS_QUERY)
     def status(self) -> CacheWorkflowStatus:
         return self._answer(
             CacheWorkflowStatus(
-                claim=self._status.get("claimName"),
-                conditions=list(self._status.get("conditions", [])),
+                claim=self._status.claim_name,
+                conditions=list(status_json(self._status).get("conditions", [])),
             )
         )
 
     @workflow.run
     async def run(self, request: CacheInput) -> None:
-        self._status = dict(request.status)
+        self._status = ModelCacheStatus.model_validate(request.status)
         self._last_report = request.report
         await self._keep(request.snapshot)
 
     async def _reconcile(self, snap: EntitySnapshot, *, retry: bool) -> Rest:
-        reported, self._reported = self._reported, {}
+        reported, self._reported = self._reported, None
         claim = await self._find_claim(snap)
         if claim is None:
             self._doing = "waiting for storage"
             return Rest(timeout=RECHECK)
         expansion = await self._expansion(snap)
         capacity = capacity_condition(expansion=expansion, report=self._last_report)
-        fields = {
-            "claimName": claim.claim_name,
-            "capacity": claim.capacity,
-            "accessModes": claim.access_modes,
-            **reported,
-        }
+        bound = ModelCacheStatus(
+            claim_name=claim.claim_name, capacity=claim.capacity, access_modes=claim.access_modes
+        )
         await self._write(
             snap,
-            fields,
+            [bound] if reported is None else [bound, reported],
             ready=True,
-            reason="ClaimBound",
+            reason=CacheReason.CLAIM_BOUND,
             message=f"claim {claim.claim_name} is bound ({claim.capacity})",
             extra=[] if capacity is None else [capacity],
         )
@@ -171,7 +173,9 @@ class CacheWorkflow(EntityWorkflow):
 
     def _carried_over(self) -> CacheInput:
         assert self._snapshot is not None
-        return CacheInput(snapshot=self._snapshot, status=self._status, report=self._last_report)
+        return CacheInput(
+            snapshot=self._snapshot, status=status_json(self._status), report=self._last_report
+        )
 
     async def _find_claim(self, snap: EntitySnapshot) -> CacheClaim | None:
         """The bound claim, or None (reported as StorageUnavailable)."""
@@ -182,13 +186,13 @@ class CacheWorkflow(EntityWorkflow):
                 CacheRequest(namespace=snap.ref.namespace, name=snap.ref.name),
             )
         except ActivityError as exc:
-            kind, message = failure_type(exc, default="StorageUnavailable")
+            kind, message = failure_type(exc, default=Failure.STORAGE_UNAVAILABLE)
             await self._report(snap, reason=kind, message=message)
             return None
 
     async def _expansion(self, snap: EntitySnapshot) -> ClaimExpansion | None:
         """Size the claim Kama created to the template (None for an existing claim)."""
-        if "claimTemplate" not in snap.spec or not workflow.patched(EXPANSION_PATCH):
+        if "claimTemplate" not in snap.spec:
             return None
         self._doing = "sizing the claim"
         try:
@@ -197,11 +201,11 @@ class CacheWorkflow(EntityWorkflow):
                 CacheRequest(namespace=snap.ref.namespace, name=snap.ref.name),
             )
         except ActivityError as exc:
-            kind, message = failure_type(exc, default="ExpansionFailed")
+            kind, message = failure_type(exc, default=Failure.EXPANSION_FAILED)
             return ClaimExpansion(state=CLAIM_NOT_EXPANDABLE, message=f"{kind}: {message}")
 
     async def _report(self, snap: EntitySnapshot, *, reason: str, message: str) -> None:
-        await self._write(snap, {}, ready=False, reason=reason, message=message)
+        await self._write(snap, [], ready=False, reason=reason, message=message)
 
     async def _finalize(self, snap: EntitySnapshot) -> None:
         while True:
@@ -209,7 +213,9 @@ class CacheWorkflow(EntityWorkflow):
             if not users:
                 break
             self._doing = f"deletion held: used by ModelArtifact(s) {', '.join(users)}"
-            await self._record(snap, type="Warning", reason="DeletionBlocked", message=self._doing)
+            await self._record(
+                snap, type="Warning", reason=CacheReason.DELETION_BLOCKED, message=self._doing
+            )
             await workflow.sleep(RECHECK)
         if snap.spec.get("retentionPolicy") == "Delete" and "claimTemplate" in snap.spec:
             self._doing = "deleting the claim Kama created"
@@ -225,14 +231,14 @@ class CacheWorkflow(EntityWorkflow):
     async def _write(
         self,
         snap: EntitySnapshot,
-        fields: dict[str, Any],
+        fields: list[ModelCacheStatus],
         *,
         ready: bool,
         reason: str,
         message: str,
         extra: list[ConditionUpdate] | None = None,
     ) -> None:
-        status = updated_status(
+        status = updated_status_model(
             self._status,
             [
                 (CacheConditionType.READY, ready, reason, message),
@@ -248,5 +254,7 @@ class CacheWorkflow(EntityWorkflow):
             now=workflow.now(),
             generation=snap.generation,
         )
-        if await self._write_status(snap, written=self._status, status=status):
+        if await self._write_status(
+            snap, written=status_json(self._status), status=status_json(status)
+        ):
             self._status = status

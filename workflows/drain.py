@@ -14,6 +14,7 @@ new, carrying what it knows, once its history is `HISTORY_LIMIT` events long."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
@@ -30,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.llama_server import LlamaServerActivities, SlotsRequest
     from activities.serving_pods import PodName, ServingPodActivities
     from kama.contracts import GATEWAY_IN_FLIGHT, DrainReport
+    from kama.rollout import ObservedPod
 
 ROUTERS_SETTLE = timedelta(seconds=1)
 SLOTS_POLL = timedelta(seconds=1)
@@ -147,3 +149,19 @@ class DrainWorkflow(TaskStatus):
             busy_at_deletion=busy,
             gateway_in_flight_at_deletion=self._gateway_in_flight(),
         )
+
+
+async def replica_busy(*, namespace: str, pods: Sequence[ObservedPod]) -> bool:
+    """Whether any of `pods` may be serving a request: a busy slot, or a ready replica
+    that did not answer in time (a busy llama-server on a loaded node is not known to
+    be idle). Readiness is not required: a replica too busy to answer its probe is
+    exactly the one that must not be scaled away under its streams; a dead one turns
+    unready and no longer holds the model up."""
+    for pod in pods:
+        if pod.pod_ip and not pod.deleting:
+            busy = await SLOTS.schedule(
+                LlamaServerActivities.busy_slots, SlotsRequest(namespace=namespace, pod=pod.name)
+            )
+            if busy or (busy is None and pod.ready):
+                return True
+    return False

@@ -25,12 +25,12 @@ from workflows.importer_calls import CACHE_CALL, RESOLVE, TRANSFER
 with workflow.unsafe.imports_passed_through():
     from activities.cache import CacheActivities, StagingRequest
     from activities.huggingface import HuggingFaceActivities
-    from activities.models import (
+    from activities.import_payloads import (
         CopyRequest,
         DiscardRequest,
         DownloadedFile,
         DownloadRequest,
-        HuggingFaceSource,
+        HubSource,
         ImportStatus,
         LookupRequest,
         PublishedArtifact,
@@ -38,23 +38,17 @@ with workflow.unsafe.imports_passed_through():
         PvcSource,
         ResolvedFile,
         ResolvedSource,
-        SpaceRequest,
     )
     from activities.volume_source import PvcSourceActivities
     from kama.cache_layout import Manifest, ManifestFile, expected_digest_mismatch
     from kama.contracts import STATUS_QUERY
-
-PREPARE_STAGING_PATCH = "prepare-staging-1"
-"""Room is made with `Prepare cache staging` (stale staging removed, this import's
-partial files counted) instead of `Check free space in cache`."""
-EXPECTED_DIGEST_PATCH = "expected-sha256-shard-sets-1"
-"""`spec.expectedSHA256` is checked against a shard set's artifact digest too."""
+    from kama.reasons import Failure
 
 
 @dataclass(frozen=True)
 class ImportInput:
     operation_id: str
-    source: HuggingFaceSource | None
+    source: HubSource | None
     cache_root: str
     importer_task_queue: str
     expected_sha256: str | None = None
@@ -79,7 +73,7 @@ class ImportResult:
 
 
 def _mismatch(message: str) -> ApplicationError:
-    return ApplicationError(message, type="ChecksumMismatch", non_retryable=True)
+    return ApplicationError(message, type=Failure.CHECKSUM_MISMATCH, non_retryable=True)
 
 
 @workflow.defn(name="Import model")
@@ -103,7 +97,7 @@ class ImportWorkflow:
         if request.pvc is not None and request.pvc.direct:
             raise ApplicationError(
                 "Direct sources are verified in place by VerifyWorkflow, not imported",
-                type="SourceUnavailable",
+                type=Failure.SOURCE_UNAVAILABLE,
                 non_retryable=True,
             )
 
@@ -158,20 +152,15 @@ class ImportWorkflow:
         )
 
     async def _make_room(self, request: ImportInput, resolved: ResolvedSource) -> int:
-        """Free bytes before the download; InsufficientStorage when it does not fit."""
-        if workflow.patched(PREPARE_STAGING_PATCH):
-            return await CACHE_CALL.schedule(
-                CacheActivities.prepare_staging,
-                StagingRequest(
-                    cache_root=request.cache_root,
-                    staging_id=request.staging,
-                    needed_bytes=resolved.total_size,
-                ),
-                queue=request.importer_task_queue,
-            )
+        """Free bytes before the download, once stale staging is removed and this
+        import's partial files are counted; InsufficientStorage when it does not fit."""
         return await CACHE_CALL.schedule(
-            CacheActivities.ensure_space,
-            SpaceRequest(cache_root=request.cache_root, needed_bytes=resolved.total_size),
+            CacheActivities.prepare_staging,
+            StagingRequest(
+                cache_root=request.cache_root,
+                staging_id=request.staging,
+                needed_bytes=resolved.total_size,
+            ),
             queue=request.importer_task_queue,
         )
 
@@ -183,13 +172,10 @@ class ImportWorkflow:
         file is checked file by file). Files without a sha256 are not compared."""
         if len(files) < 2 or any(f.sha256 is None for f in files):
             return None
-        mismatch = expected_digest_mismatch(
+        return expected_digest_mismatch(
             expected=request.expected_sha256,
             files=[ManifestFile(path=f.path, size=f.size, sha256=f.sha256 or "") for f in files],
         )
-        if mismatch is None or not workflow.patched(EXPECTED_DIGEST_PATCH):
-            return None
-        return mismatch
 
     async def _resolve(self, request: ImportInput) -> ResolvedSource:
         if request.pvc is not None:
@@ -198,7 +184,7 @@ class ImportWorkflow:
             )
         if request.source is None:
             raise ApplicationError(
-                "the import names no source", type="SourceUnavailable", non_retryable=True
+                "the import names no source", type=Failure.SOURCE_UNAVAILABLE, non_retryable=True
             )
         return await RESOLVE.schedule(
             HuggingFaceActivities.resolve_source,

@@ -22,8 +22,13 @@ from workflows.polling import poll_interval
 from workflows.status import TaskStatus
 
 with workflow.unsafe.imports_passed_through():
-    from activities.kube import ImporterPod, KubeActivities, StatusPatch
+    from activities.importer_pods import ImporterPod
+    from activities.kama_objects import StatusPatch
+    from activities.kube import KubeActivities
     from activities.progress import ImportProgress, ProgressActivities, ProgressRequest
+    from kama.api import ImportProgress as ProgressStatus
+    from kama.api import ModelArtifactStatus
+    from kama.conditions import status_json
     from kama.contracts import ARTIFACTS, ObjectRef
 
 PROGRESS_EVERY = timedelta(seconds=2)
@@ -79,13 +84,13 @@ class ImportWatchWorkflow(TaskStatus):
                 last_done = done
                 if total and (written < 0 or done - written >= max(1, total // PROGRESS_STEP)):
                     self._status.doing = "writing the progress"
-                    progress_status = {"bytesDone": done, "bytesTotal": total}
+                    moved = ModelArtifactStatus(  # the progress only: the phase is the parent's
+                        progress=ProgressStatus(bytes_done=done, bytes_total=total)
+                    )
                     await call_kube(
                         KubeActivities.patch_status,
                         StatusPatch(
-                            kind_plural=ARTIFACTS,
-                            ref=request.artifact,
-                            status={"progress": progress_status},  # the phase is the parent's
+                            kind_plural=ARTIFACTS, ref=request.artifact, status=status_json(moved)
                         ),
                     )
                     written = done

@@ -8,6 +8,7 @@ once, and the workflow reports them and waits for a person."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import timedelta
 
 from temporalio import workflow
@@ -18,6 +19,7 @@ from workflows.calls import CallPolicy
 
 with workflow.unsafe.imports_passed_through():
     from activities.kube_errors import PERMANENT_ERROR_TYPES
+    from kama.reasons import Failure
 
 KUBE_TIMEOUT = timedelta(seconds=30)
 PROGRAMMING_ERROR_TYPES = ("ValueError", "KeyError", "TypeError", "AttributeError")
@@ -36,7 +38,7 @@ CLAIM_RETRY = RetryPolicy(
     maximum_interval=timedelta(seconds=10),
     maximum_attempts=60,
     non_retryable_error_types=[
-        "StorageUnavailable",
+        Failure.STORAGE_UNAVAILABLE,
         *PERMANENT_ERROR_TYPES,
         *PROGRAMMING_ERROR_TYPES,
     ],
@@ -51,23 +53,32 @@ call_kube = KUBE.schedule
 """Schedule one activity on the control queue; `await` the handle for its result."""
 
 
+def causes(error: BaseException) -> Iterator[BaseException]:
+    """`error`, then each error behind it: a Temporal failure's `cause` (a child
+    workflow's or an activity's), else Python's `__cause__`."""
+    current: BaseException | None = error
+    while current is not None:
+        yield current
+        current = getattr(current, "cause", None) or current.__cause__
+
+
 def failure_type(error: BaseException, *, default: str) -> tuple[str, str]:
     """The typed reason and message behind a failed child workflow or activity (the
     first `ApplicationError` with a type in its chain of causes)."""
-    current: BaseException | None = error
-    while current is not None:
-        if isinstance(current, ApplicationError) and current.type:
-            return current.type, current.message
-        current = getattr(current, "cause", None) or current.__cause__
+    for found in causes(error):
+        if isinstance(found, ApplicationError) and found.type:
+            return found.type, found.message
     return default, str(error)
 
 
 def permanent_failure(error: BaseException) -> ApplicationError | None:
     """The non-retryable `ApplicationError` (a 403, a 422, a missing claim...) behind
     a failed activity or child workflow, if that is why it failed."""
-    current: BaseException | None = error
-    while current is not None:
-        if isinstance(current, ApplicationError) and current.non_retryable:
-            return current
-        current = getattr(current, "cause", None) or current.__cause__
-    return None
+    return next(
+        (
+            found
+            for found in causes(error)
+            if isinstance(found, ApplicationError) and found.non_retryable
+        ),
+        None,
+    )

@@ -12,11 +12,12 @@ permission: `permanent`); the DeploymentWorkflow reports why and tries again lat
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, WorkflowAlreadyStartedError
+from temporalio.exceptions import ActivityError, ChildWorkflowError, WorkflowAlreadyStartedError
 from temporalio.workflow import ParentClosePolicy
 
 from workflows.kube_calls import call_kube, permanent_failure
@@ -24,7 +25,7 @@ from workflows.status import TaskStatus
 
 with workflow.unsafe.imports_passed_through():
     from activities.serving_pods import CreatePod, PodName, PodsRequest, ServingPodActivities
-    from kama.contracts import ObjectRef, drain_workflow_id
+    from kama.contracts import ObjectRef, drain_workflow_id, rollout_workflow_id
     from kama.rollout import ObservedPod, RolloutStep, plan_rollout
     from kama.serving_pod import ServingTemplate
     from workflows.drain import DrainInput, DrainWorkflow
@@ -90,14 +91,7 @@ class RolloutWorkflow(TaskStatus):
         failed: dict[str, str] = {}
         observed = request.observed
         while True:
-            pods = (
-                observed
-                if observed is not None
-                else await call_kube(
-                    ServingPodActivities.list_pods,
-                    PodsRequest(namespace=ref.namespace, deployment=ref.name),
-                )
-            )
+            pods = observed if observed is not None else await list_pods(ref)
             observed = None
             self._next_ordinal = max([self._next_ordinal, *(p.ordinal + 1 for p in pods)])
             step = self._step = plan_rollout(
@@ -173,3 +167,37 @@ async def start_drain(*, cluster: str, namespace: str, pod: str, timeout_s: floa
             parent_close_policy=ParentClosePolicy.ABANDON,
             search_attributes=workflow.info().typed_search_attributes,
         )
+
+
+async def list_pods(ref: ObjectRef) -> list[ObservedPod]:
+    """The serving pods of the ModelDeployment `ref`, as they are now."""
+    return await call_kube(
+        ServingPodActivities.list_pods, PodsRequest(namespace=ref.namespace, deployment=ref.name)
+    )
+
+
+async def roll_out(
+    request: RolloutInput,
+    *,
+    number: int,
+    started: Callable[[], Awaitable[None]],
+    moved: Callable[[], bool],
+) -> RolloutResult | None:
+    """Run rollout `number` of a deployment as a child; `started` runs once the child
+    is started, and the child is cancelled as soon as `moved()` (a newer spec asks
+    for something else). Its result; None when cancelled."""
+    handle = await workflow.start_child_workflow(
+        RolloutWorkflow.run,
+        request,
+        id=rollout_workflow_id(request.ref, number=number),
+        task_queue=workflow.info().task_queue,
+        search_attributes=workflow.info().typed_search_attributes,
+    )
+    await started()
+    await workflow.wait_condition(lambda: handle.done() or moved(), timeout=None)
+    if not handle.done():
+        handle.cancel()
+    try:
+        return await handle
+    except ChildWorkflowError:
+        return None  # cancelled for a newer spec: the next pass starts over

@@ -22,7 +22,7 @@ from workflows.status import TaskStatus
 
 with workflow.unsafe.imports_passed_through():
     from activities.cache import CacheActivities
-    from activities.models import (
+    from activities.import_payloads import (
         InPlaceArtifact,
         InPlaceRequest,
         PvcSource,
@@ -30,7 +30,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from activities.volume_source import PvcSourceActivities
     from kama.cache_layout import ManifestFile, expected_digest_mismatch
-    from workflows.import_model import EXPECTED_DIGEST_PATCH
+    from kama.reasons import Failure
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class VerifyWorkflow(TaskStatus):
         if request.expected_size is not None and resolved.total_size != request.expected_size:
             raise ApplicationError(
                 f"source has {resolved.total_size} bytes, spec.expectedSize is {request.expected_size}",
-                type="ChecksumMismatch",
+                type=Failure.CHECKSUM_MISMATCH,
                 non_retryable=True,
             )
         self._status.doing = "hashing in place"
@@ -87,9 +87,7 @@ class VerifyWorkflow(TaskStatus):
             expected=request.expected_sha256,
             files=[ManifestFile(path=f.path, size=f.size, sha256=f.sha256) for f in found.files],
         )
-        if mismatch is not None and (
-            len(found.files) == 1 or workflow.patched(EXPECTED_DIGEST_PATCH)
-        ):
-            raise ApplicationError(mismatch, type="ChecksumMismatch", non_retryable=True)
+        if mismatch is not None:
+            raise ApplicationError(mismatch, type=Failure.CHECKSUM_MISMATCH, non_retryable=True)
         self._status.doing = "verified"
         return VerifyResult(bytes_checked=found.total_size, artifact=found)

@@ -21,17 +21,11 @@ from workflows.status import TaskStatus
 
 with workflow.unsafe.imports_passed_through():
     from activities.serving_pods import PodsRequest, ServingPodActivities
-    from kama.contracts import REPLICA_READY, ObjectRef, deployment_workflow_id
+    from kama.contracts import REPLICA_READY, WAKE_WORKFLOW, WakeInput, deployment_workflow_id
     from workflows.deployment import DeploymentWorkflow
 
 READY_POLL = timedelta(seconds=1)
 WAKE_AGAIN_EVERY = timedelta(seconds=3)
-
-
-@dataclass(frozen=True)
-class WakeInput:
-    ref: ObjectRef  # the ModelDeployment
-    timeout_s: float
 
 
 @dataclass(frozen=True)
@@ -40,7 +34,7 @@ class WakeResult:
     waited_s: float
 
 
-@workflow.defn(name="Wake model deployment")
+@workflow.defn(name=WAKE_WORKFLOW)
 class WakeWorkflow(TaskStatus):
     def __init__(self) -> None:
         super().__init__()

@@ -158,7 +158,7 @@ fi
 deps_digest="$(sed -n 's/.*"digest": "\(.*\)".*/\1/p' "$DEPS.tar.gz.json")"
 
 # --- 3. Kama ----------------------------------------------------------------------
-packages_py=(kama kamactl workflows activities watcher gateway runtime)
+packages_py=(kama kamactl workflows activities watcher informer gateway runtime)
 version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$SRC/pyproject.toml" | head -1)"
 kama_key="$(printf '%s\n' "$script_hash" "$base_digest" \
   "$(files_hash "$SRC" "${packages_py[@]}" pyproject.toml README.md)" | sha)"

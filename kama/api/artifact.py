@@ -37,8 +37,6 @@ from kama.api.meta import (
     check_relative_path,
     relative_path_rules,
 )
-from kama.architectures import memory_layout
-from kama.gguf import GGUFFacts
 
 __all__ = [
     "ARTIFACT_SPEC_RULES",
@@ -70,12 +68,14 @@ __all__ = [
     "GGUFInfo",
     "HuggingFaceSource",
     "ImportProgress",
+    "MemoryLayoutInfo",
     "ModelArtifact",
     "ModelArtifactSpec",
     "ModelArtifactStatus",
     "PVCSourceMode",
     "PersistentVolumeClaimSource",
     "ServingLocation",
+    "WeightLayout",
     "short_digest_of",
 ]
 
@@ -492,28 +492,6 @@ class MemoryLayoutInfo(KamaModel):
     unmodelled_floor_bytes: int = Field(default=0, ge=0)
     """The host part of that allowance."""
 
-    @classmethod
-    def from_facts(cls, facts: GGUFFacts) -> MemoryLayoutInfo | None:
-        if facts.n_layer is None or facts.n_embd is None:
-            return None
-        layout = memory_layout(
-            architecture=facts.architecture,
-            keys=facts.layout_keys,
-            n_layer=facts.n_layer,
-            n_embd=facts.n_embd,
-            kv_heads=facts.n_head_kv_per_layer,
-        )
-        return cls(
-            sliding_window=layout.sliding_window,
-            sliding_layers=sorted(layout.sliding_layers),
-            recurrent_layers=sorted(layout.recurrent_layers),
-            kv_free_layers=sorted(layout.kv_free_layers),
-            kv_cell_widths=None if layout.kv_widths is None else list(layout.kv_widths),
-            recurrent_bytes_per_layer=layout.recurrent_bytes_per_layer,
-            unmodelled=layout.unmodelled,
-            unmodelled_floor_bytes=layout.unmodelled_floor_bytes,
-        )
-
 
 class GGUFInfo(KamaModel):
     """Facts read from the GGUF header(s), merged over a shard set."""
@@ -555,35 +533,6 @@ class GGUFInfo(KamaModel):
     """Tensor bytes by layer, for placement."""
     memory_layout: MemoryLayoutInfo | None = None
     """Per-layer memory kinds (sliding window, recurrent, latent KV), for placement."""
-
-    @classmethod
-    def from_facts(cls, facts: GGUFFacts) -> GGUFInfo:
-        file_type = facts.file_type_name
-        if file_type is None and facts.file_type is not None:
-            file_type = str(facts.file_type)
-        return cls(
-            architecture=facts.architecture,
-            file_type=file_type,
-            parameter_count=facts.parameter_count,
-            layers=facts.n_layer,
-            context_length=facts.n_ctx_train,
-            embedding_length=facts.n_embd,
-            head_count=facts.n_head,
-            head_count_kv=facts.n_head_kv,
-            head_count_kv_per_layer=None
-            if facts.n_head_kv_per_layer is None
-            else list(facts.n_head_kv_per_layer),
-            head_dim_k=facts.head_dim_k,
-            head_dim_v=facts.head_dim_v,
-            expert_count=facts.n_expert,
-            expert_used_count=facts.n_expert_used,
-            feed_forward_length=facts.n_ff,
-            vocab_size=facts.vocab_size,
-            weights=None
-            if facts.n_layer is None
-            else WeightLayout.from_tensors(tensors=facts.tensors, n_layer=facts.n_layer),
-            memory_layout=MemoryLayoutInfo.from_facts(facts),
-        )
 
 
 class ServingLocation(KamaModel):

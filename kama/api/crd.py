@@ -476,8 +476,11 @@ def all_crds() -> list[dict[str, Any]]:
                 PrinterColumn(
                     name="Desired",
                     type="integer",
-                    json_path=".spec.replicas",
-                    description="Replicas wanted now (kubectl scale, wake, idle, autoscaling).",
+                    json_path=".status.desiredReplicas",
+                    description=(
+                        "Replicas Kama converges to now: spec.replicas (kubectl scale, wake,"
+                        " idle, autoscaling) within minReplicas and maxReplicas."
+                    ),
                 ),
                 PrinterColumn(
                     name="Max",

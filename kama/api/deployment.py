@@ -36,6 +36,15 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
 from kama.api.cache import QUANTITY_PATTERN
+from kama.api.deployment_choices import (
+    DEFAULT_SCALE_DOWN_WINDOW,
+    DEFAULT_SCALE_UP_WINDOW,
+    DEFAULT_TARGET_PERCENT,
+    FlashAttention,
+    KVCacheType,
+    PlacementMode,
+    PlacementPolicy,
+)
 from kama.api.meta import (
     WORKFLOW_ID_FIELD,
     WORKFLOW_ID_MAX,
@@ -47,14 +56,7 @@ from kama.api.meta import (
     SpecModel,
     cel,
 )
-from kama.autoscaling import (
-    DEFAULT_SCALE_DOWN_WINDOW,
-    DEFAULT_SCALE_UP_WINDOW,
-    DEFAULT_TARGET_PERCENT,
-)
 from kama.durations import parse_duration
-from kama.memory import FlashAttention, KVCacheType
-from kama.planner import PlacementMode, PlacementPolicy
 
 MODELDEPLOYMENT_KIND: Final = "ModelDeployment"
 MODELDEPLOYMENT_PLURAL: Final = "modeldeployments"
@@ -355,6 +357,9 @@ class ModelDeploymentStatus(KamaModel):
     `temporal workflow describe -w <id>`)."""
     replicas: int = Field(default=0, ge=0)
     ready_replicas: int = Field(default=0, ge=0)
+    desired_replicas: int | None = Field(default=None, ge=0)
+    """The replicas Kama converges to now: spec.replicas within minReplicas and
+    maxReplicas (the DESIRED column)."""
     selector: str | None = Field(default=None, max_length=1024)
     """Label selector of the serving pods (for the /scale subresource)."""
     profile: ResolvedProfile | None = None

@@ -21,7 +21,7 @@ from huggingface_hub import hf_hub_url
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.models import HuggingFaceSource
+from activities.import_payloads import HubSource
 from activities.storage import hash_file
 from kamactl.worker import importer_activities
 from kamadev.binaries import REPO_ROOT
@@ -117,7 +117,7 @@ async def test_import_vs_download_only(tmp_path: Path, temporal_server: Temporal
             async with worker:
                 request = ImportInput(
                     operation_id=f"bench-{uuid.uuid4().hex[:6]}",
-                    source=HuggingFaceSource(repo="acme/big", revision="main", files=["big.gguf"]),
+                    source=HubSource(repo="acme/big", revision="main", files=["big.gguf"]),
                     cache_root=str(tmp_path / "cache"),
                     importer_task_queue=queue,
                 )

@@ -21,12 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kama.api import GGUFInfo
+from activities.gguf_files import inspect_file
+from kama.api.deployment_choices import PlacementMode
 from kama.deployment_plan import ArtifactNotUsable, model_facts
-from kama.gguf import inspect_file
+from kama.gguf.artifact_status import gguf_info
 from kama.memory import MIB, DeviceEstimate, ModelFacts, RuntimeEnvelope
 from kama.node_inventory import NodeInventory
-from kama.planner import Placement, PlacementMode, plan_placement
+from kama.planner import Placement, plan_placement
 from kama.serving_plan import ServingPlan
 from kamadev.binaries import ensure_binaries
 from kamadev.gguf_factory import ModelShape, write_model
@@ -143,7 +144,7 @@ def rows_for(*, server: Path, path: Path) -> list[Row]:
     name = path.name.removesuffix(".gguf")
     which = half(path.name)
     try:
-        model = model_facts(GGUFInfo.from_facts(inspect_file(path)))
+        model = model_facts(gguf_info(inspect_file(path)))
     except ArtifactNotUsable as exc:
         return [Row(name, which, label, None, None, {}, {}, f"not placed: {exc}")
                 for label, _, _ in ENVELOPES]  # fmt: skip

@@ -24,7 +24,12 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from kama.contracts import ObjectRef
-from kama.importer_pod import ImporterMounts, ImporterPodOptions, importer_pod_manifest
+from kama.importer_pod import (
+    ImporterMounts,
+    ImporterPodOptions,
+    ImporterTemplate,
+    importer_pod_manifest,
+)
 from kama.serving_plan import ServingPlan
 from kama.serving_pod import DRAINING_LABEL, ServingTemplate, serving_pod_manifest
 from kamadev.chart import CHART, RELEASE, helm, local_stack_values
@@ -82,19 +87,18 @@ def kama_pod(namespace: str, name: str) -> Pod:
 
 def importer_pod(namespace: str, name: str) -> Pod:
     """Kama's importer pod manifest with the chart's kama image, without an owner."""
-    options = ImporterPodOptions(ca_configmap="corp-ca")
-    ca = options.ca_volume()
-    assert ca is not None
+    template = ImporterTemplate(
+        image=KAMA_IMAGE,
+        hf_endpoint="http://hub.invalid",
+        options=ImporterPodOptions(ca_configmap="corp-ca"),
+    )
     pod = importer_pod_manifest(
+        template=template,
         name=name,
         owner=ObjectRef(namespace=namespace, name="shape", uid="0"),
         operation_id="op-1",
-        image=KAMA_IMAGE,
         token="t" * 32,
-        hf_endpoint="http://hub.invalid",
         mounts=ImporterMounts(cache_claim="kama-cache-models", token_secret="hf", token_key="k"),
-        extra_volumes=[ca],
-        options=options,
     )
     del pod["metadata"]["ownerReferences"]
     return pod

@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import threading
 import time
+import tomllib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,7 +79,8 @@ def source_snapshot(target: Path) -> Path:
     for name in ("pyproject.toml", "uv.lock", "README.md"):
         target.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO_ROOT / name, target / name)
-    for package in ("kama", "kamactl", "workflows", "activities", "watcher", "gateway", "runtime"):
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    for package in project["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]:
         shutil.copytree(REPO_ROOT / package, target / package, ignore=ignore)
     return target
 

@@ -23,13 +23,19 @@ from temporalio.api.enums.v1 import EventType, RetryState
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from kama.contracts import RETRY, ObjectRef, deployment_workflow_id, rollout_workflow_id
+from kama.contracts import (
+    RETRY,
+    DeploymentWorkflowStatus,
+    ObjectRef,
+    deployment_workflow_id,
+    rollout_workflow_id,
+)
 from kamadev.processes import ManagedProcess
 from tests.conftest import KamaControl, _kama_process
 from tests.integration.test_artifact_plane import condition
 from tests.integration.test_serving_plane import deployment, md, ready_artifact, serving_pods
 from tests.support import apply, eventually, get_json, kubectl
-from workflows.deployment import DeploymentWorkflow, DeploymentWorkflowStatus
+from workflows.deployment import DeploymentWorkflow
 
 WORKER_SA = "kama-worker-limited"
 CREATE_POD = "Create serving pod"

@@ -1,10 +1,15 @@
 """Watch objects and a ready-made gateway state for the gateway's tests and its
 benchmark: a ModelDeployment, a serving pod, a state whose one model has replicas
 at given addresses (or none, behind a wake queue on a recording stand-in for
-Temporal), with no watches behind it."""
+Temporal), with no watches behind it; and a clock the tests step."""
 
 from __future__ import annotations
 
+import asyncio
+import heapq
+import itertools
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,8 +23,9 @@ from gateway.proxy import Proxy
 from gateway.registry import Model, ModelRegistry
 from gateway.transport.upstream import UpstreamTransport
 from gateway.wake import Waker
+from informer.watch import WatchHealth
 from kama.serving_plan import ServingPlan
-from watcher.watch import WatchHealth
+from kama.serving_pod import SERVING_PLAN_ENV
 
 
 def deployment(
@@ -72,7 +78,7 @@ def pod(
                 {"kind": "ModelDeployment", "name": model, "uid": owner_uid, "controller": True}
             ],
         },
-        "spec": {"containers": [{"env": [{"name": "KAMA_SERVING_PLAN", "value": plan.to_json()}]}]},
+        "spec": {"containers": [{"env": [{"name": SERVING_PLAN_ENV, "value": plan.to_json()}]}]},
         "status": {
             "phase": "Running",
             "podIP": ip,
@@ -104,9 +110,65 @@ class RecordingHandle:
     workflow_id: str
     run_id: str | None
 
-    async def signal(self, signal: Any, *_args: Any, **_kwargs: Any) -> None:
-        name = getattr(signal, "__temporal_signal_definition").name
-        self.temporal.signalled.append((self.workflow_id, self.run_id, name))
+    async def signal(self, signal: str, *_args: Any, **_kwargs: Any) -> None:
+        self.temporal.signalled.append((self.workflow_id, self.run_id, signal))
+
+
+class ManualClock:
+    """A `gateway.clock.Clock` whose time moves only when the test says: `advance`
+    wakes every sleeper due on the way, earliest first, at its own time, and lets the
+    tasks it wakes run before time moves on. Nothing here waits on real time."""
+
+    SETTLE_ROUNDS = 20  # event-loop turns for woken tasks to reach their next await
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self._now = start
+        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._order = itertools.count()
+
+    def now(self) -> float:
+        return self._now
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            await asyncio.sleep(0)
+            return
+        woken = asyncio.get_running_loop().create_future()
+        # a positive sleep ends later, however short (`now + seconds` may round to `now`)
+        due = max(self._now + seconds, math.nextafter(self._now, math.inf))
+        heapq.heappush(self._sleepers, (due, next(self._order), woken))
+        await woken
+
+    async def settle(self) -> None:
+        """Let every task that can run without time passing run."""
+        for _ in range(self.SETTLE_ROUNDS):
+            await asyncio.sleep(0)
+
+    async def advance(self, seconds: float) -> None:
+        """Move time `seconds` forward, waking each sleeper due on the way."""
+        target = self._now + seconds
+        await self.settle()
+        while self._sleepers and self._sleepers[0][0] <= target:
+            due, _, woken = heapq.heappop(self._sleepers)
+            if woken.done():  # its sleeper was cancelled
+                continue
+            self._now = max(self._now, due)
+            woken.set_result(None)
+            await self.settle()
+        self._now = target
+        await self.settle()
+
+    async def advance_until(self, condition: Callable[[], bool], *, within: float) -> float:
+        """Move time from one sleeper's due time to the next until `condition` holds;
+        the seconds that took. Fails if it does not hold within `within` seconds."""
+        start = self._now
+        await self.settle()
+        while not condition():
+            due = min((d for d, _, woken in self._sleepers if not woken.done()), default=None)
+            assert due is not None, "nothing is waiting for time to pass"
+            assert due - start <= within, f"not within {within}s"
+            await self.advance(due - self._now)
+        return self._now - start
 
 
 class NoWake:

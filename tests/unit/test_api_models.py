@@ -23,7 +23,6 @@ from kama.api import (
     CacheConditionType,
     Condition,
     ConditionStatus,
-    GGUFInfo,
     ModelArtifact,
     ModelArtifactSpec,
     ModelArtifactStatus,
@@ -45,7 +44,8 @@ from kama.api.artifact import (
 )
 from kama.api.cache import DELETE_NEEDS_TEMPLATE_RULE, ONE_STORAGE_RULE
 from kama.api.deployment import ModelDeployment
-from kama.gguf import GGUFFacts
+from kama.gguf.artifact_status import gguf_info
+from kama.gguf.facts import GGUFFacts
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "examples"
 SHA = "0123456789abcdef" * 4
@@ -369,7 +369,7 @@ def test_gguf_info_from_facts() -> None:
             "rope_freqs.weight": 3,
         },
     )
-    info = GGUFInfo.from_facts(facts)
+    info = gguf_info(facts)
     assert info.model_dump(by_alias=True, exclude_none=True) == {
         "architecture": "llama",
         "fileType": "Q4_K_M",

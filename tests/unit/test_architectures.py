@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from kama.api import GGUFInfo
 from kama.architectures import memory_layout
 from kama.deployment_plan import ArtifactNotUsable, model_facts
-from kama.gguf import GGUFFacts
+from kama.gguf.artifact_status import gguf_info
+from kama.gguf.facts import GGUFFacts
 from kama.memory import (
     MIB,
     ModelFacts,
@@ -63,7 +63,7 @@ def facts(
 
 def planned(gguf: GGUFFacts) -> ModelFacts:
     """The production path: file facts -> artifact status.gguf -> planner facts."""
-    return model_facts(GGUFInfo.from_facts(gguf))
+    return model_facts(gguf_info(gguf))
 
 
 GEMMA3_270M = facts(

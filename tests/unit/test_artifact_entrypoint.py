@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from kama.api import ArtifactFile, ModelArtifactSpec, ModelArtifactStatus
 from kama.api.artifact import ARTIFACT_SPEC_RULES, ENTRYPOINT_IMMUTABLE_RULE
 from kama.deployment_plan import ArtifactNotUsable, entrypoint_of
-from kama.gguf import MissingShard
+from kama.gguf.shards import MissingShard
 from kama.sources import FileSelectionError, SourceFile, entrypoint, select_files
 
 SHA = "0" * 64

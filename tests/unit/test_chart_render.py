@@ -19,7 +19,7 @@ from kama.config import Settings
 from kama.importer_pod import IMPORTER_ROLE
 from kama.serving_pod import MANAGED_BY_LABEL, ROLE_LABEL, SERVER_ROLE
 from kamadev.binaries import REPO_ROOT, ensure_helm
-from tests.unit.test_importer_pod_options import created_importer_pod
+from tests.unit.test_importer_pod import created_importer_pod
 
 CHART = REPO_ROOT / "deploy" / "chart" / "kama"
 EVAL = ("--set", "temporal.evaluation.enabled=true")

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-from activities.models import InPlaceRequest, PvcSource
+from activities.import_payloads import InPlaceRequest, PvcSource
 from activities.volume_source import PvcSourceActivities
 from kama.serving_plan import ARTIFACT_LAYOUT_ENV, IN_PLACE_LAYOUT, ServingPlan
 from kama.serving_pod import ServingTemplate, serving_pod_manifest

@@ -6,21 +6,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
+from collections.abc import AsyncIterator
 from typing import cast
 
+import pytest
 from temporalio.client import Client
 
 from gateway.demand import (
     MIN_GAP_S,
+    RISE_COALESCE_S,
+    SAMPLE_INTERVAL_S,
     ReportSchedule,
     current_demand,
     demand_report,
     report_demand,
 )
 from gateway.registry import Model, ModelRegistry
-from kama.contracts import DemandReport
-from tests.unit.gateway_support import deployment, pod
+from kama.contracts import DEMAND, DemandReport
+from tests.unit.gateway_support import ManualClock, deployment, pod
 
 PERIOD = 30.0
 
@@ -109,10 +112,12 @@ def test_a_draining_pod_with_requests_here_is_announced_then_its_last_request() 
 
 
 class SignalRecorder:
-    """Stands in for the Temporal client: when each demand signal was sent, and what."""
+    """Stands in for the Temporal client: when (on the test's clock) each signal was
+    sent, to which workflow, under which name, and what."""
 
-    def __init__(self) -> None:
-        self.sent: list[tuple[float, str, DemandReport]] = []
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+        self.sent: list[tuple[float, str, str, DemandReport]] = []
 
     def get_workflow_handle(self, workflow_id: str) -> SignalRecorder.Handle:
         return SignalRecorder.Handle(self, workflow_id)
@@ -121,35 +126,51 @@ class SignalRecorder:
         def __init__(self, recorder: SignalRecorder, workflow_id: str) -> None:
             self.recorder, self.workflow_id = recorder, workflow_id
 
-        async def signal(self, _signal: object, report: DemandReport, **_options: object) -> None:
-            self.recorder.sent.append((time.monotonic(), self.workflow_id, report))
+        async def signal(self, signal: str, report: DemandReport, **_options: object) -> None:
+            sent = (self.recorder.clock.now(), self.workflow_id, signal, report)
+            self.recorder.sent.append(sent)
+
+
+@contextlib.asynccontextmanager
+async def reporting(registry: ModelRegistry) -> AsyncIterator[tuple[SignalRecorder, ManualClock]]:
+    """The demand reporter of `registry`'s gateway running on a manual clock."""
+    clock = ManualClock()
+    recorder = SignalRecorder(clock)
+    reporter = asyncio.create_task(
+        report_demand(
+            registry=registry,
+            client=cast(Client, recorder),
+            cluster="",
+            gateway="gw",
+            clock=clock,
+        )
+    )
+    try:
+        yield recorder, clock
+    finally:
+        reporter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reporter
 
 
 async def test_a_request_arriving_is_reported_at_once_not_at_the_next_interval() -> None:
     """The workflow's scale-up window starts with the report: sampling only once a
     second would add up to a second to every scale-out."""
     registry, model = chat_registry()
-    recorder = SignalRecorder()
-    reporter = asyncio.create_task(
-        report_demand(registry=registry, client=cast(Client, recorder), cluster="", gateway="gw")
-    )
-    try:
-        await asyncio.sleep(0.1)  # the reporter is waiting for its next sample
-        arrived = time.monotonic()
+    async with reporting(registry) as (recorder, clock):
+        await clock.advance(0.1)  # the reporter is waiting for its next sample
+        arrived = clock.now()
         lease = registry.acquire(model, route="chat", exclude=(), now=0.0)
         assert lease is not None
-        while not recorder.sent and time.monotonic() - arrived < 2:
-            await asyncio.sleep(0.01)
-        [(sent_at, workflow_id, report)] = recorder.sent
-        assert sent_at - arrived < 0.5, f"reported {sent_at - arrived:.2f}s after the arrival"
-        assert workflow_id.startswith("deployment/ns/chat/") and report.demand == 1
+        await clock.advance_until(lambda: bool(recorder.sent), within=SAMPLE_INTERVAL_S)
+        [(sent_at, workflow_id, signal, report)] = recorder.sent
+        # the burst's coalescing, not the sample interval
+        assert sent_at - arrived == pytest.approx(RISE_COALESCE_S)
+        assert workflow_id.startswith("deployment/ns/chat/") and signal == DEMAND
+        assert (report.gateway, report.in_flight, report.queued) == ("gw", 1, 0)
         # the workflow dates the rise from the arrival, not from the coalesced report
-        assert 0.15 <= report.risen_for_s <= sent_at - arrived + 0.01, report.risen_for_s
+        assert report.risen_for_s == pytest.approx(RISE_COALESCE_S)
         lease.release()
-    finally:
-        reporter.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reporter
 
 
 def test_a_rise_held_back_by_the_gap_is_due_when_the_gap_ends() -> None:
@@ -163,25 +184,15 @@ def test_a_rise_held_back_by_the_gap_is_due_when_the_gap_ends() -> None:
 
 async def test_a_held_rise_goes_out_as_the_gap_ends() -> None:
     registry, model = chat_registry()
-    recorder = SignalRecorder()
-    reporter = asyncio.create_task(
-        report_demand(registry=registry, client=cast(Client, recorder), cluster="", gateway="gw")
-    )
-    try:
+    async with reporting(registry) as (recorder, clock):
         first = registry.acquire(model, route="chat", exclude=(), now=0.0)
-        while not recorder.sent:
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.5)
+        await clock.advance_until(lambda: bool(recorder.sent), within=SAMPLE_INTERVAL_S)
+        await clock.advance(0.5)
         second = registry.acquire(model, route="chat", exclude=(), now=0.0)
-        while len(recorder.sent) < 2:
-            await asyncio.sleep(0.01)
-        (one, _, report_one), (two, _, report_two) = recorder.sent[:2]
+        await clock.advance_until(lambda: len(recorder.sent) >= 2, within=MIN_GAP_S)
+        (one, _, _, report_one), (two, _, _, report_two) = recorder.sent
         assert (report_one.demand, report_two.demand) == (1, 2)
-        assert MIN_GAP_S <= two - one < MIN_GAP_S + 0.3, f"{two - one:.2f}s between reports"
+        assert two - one == pytest.approx(MIN_GAP_S), "not at a later sample"
         for lease in (first, second):
             assert lease is not None
             lease.release()
-    finally:
-        reporter.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reporter

@@ -18,10 +18,8 @@ from gateway.metrics import GatewayMetrics
 from gateway.registry import Endpoint, Model, ModelRegistry
 from gateway.routing import choose_endpoint
 from gateway.wake import Waker
-from tests.unit.gateway_support import RecordingHandle as RecordingHandle  # also for others
-from tests.unit.gateway_support import RecordingTemporal as RecordingTemporal
-from tests.unit.gateway_support import deployment as deployment  # also for other gateway tests
-from tests.unit.gateway_support import pod as pod
+from kama.reasons import DeploymentReason, Failure
+from tests.unit.gateway_support import ManualClock, RecordingTemporal, deployment, pod
 
 
 def test_registry_tracks_routable_endpoints_and_readiness() -> None:
@@ -144,9 +142,12 @@ def test_errors_use_the_openai_shape() -> None:
     }
 
 
-def waker_and_model(**scaling: Any) -> tuple[Waker, RecordingTemporal, ModelRegistry]:
+def waker_and_model(
+    **scaling: Any,
+) -> tuple[Waker, RecordingTemporal, ModelRegistry, ManualClock]:
     temporal = RecordingTemporal()
     registry = ModelRegistry()
+    clock = ManualClock()
     waker = Waker(
         client=temporal,  # type: ignore[arg-type]
         task_queue="q",
@@ -154,42 +155,46 @@ def waker_and_model(**scaling: Any) -> tuple[Waker, RecordingTemporal, ModelRegi
         metrics=GatewayMetrics(),
         registry=registry,
         http=httpx.AsyncClient(),
+        clock=clock,
     )
     obj = deployment("chat")
     obj["spec"]["scaling"].update(scaling)
     registry.apply_deployment("ADDED", obj)
-    return waker, temporal, registry
+    return waker, temporal, registry, clock
 
 
 async def test_held_requests_start_one_wake_and_go_to_the_first_replica() -> None:
-    waker, temporal, registry = waker_and_model()
+    waker, temporal, registry, clock = waker_and_model()
     model = registry.resolve("ns/chat")
     assert model is not None
     held = [asyncio.create_task(waker.hold_until_ready(model)) for _ in range(5)]
-    await asyncio.sleep(0.05)
+    await clock.advance(1)
     assert model.held == 5 and not any(t.done() for t in held)
     registry.apply_pod("ADDED", pod("p0"))
-    await asyncio.wait_for(asyncio.gather(*held), timeout=5)
+    await clock.settle()
+    assert all(t.done() and t.exception() is None for t in held)
     assert temporal.started == ["wake/ns/chat"] and model.held == 0
-    await asyncio.sleep(0.05)
     # once, not 5 times, and to the run this gateway started or joined
     assert temporal.signalled == [("wake/ns/chat", "run-1", "replica ready")]
 
 
 async def test_queue_overflow_deletion_and_timeout_are_clear_errors() -> None:
-    waker, _, registry = waker_and_model(maxQueuedRequests=1, coldStartTimeout="200ms")
+    waker, _, registry, clock = waker_and_model(maxQueuedRequests=1, coldStartTimeout="200ms")
     model = registry.resolve("ns/chat")
     assert model is not None
+    arrived = clock.now()
     first = asyncio.create_task(waker.hold_until_ready(model))
-    await asyncio.sleep(0.01)
+    await clock.settle()
     with pytest.raises(GatewayError) as full:
         await waker.hold_until_ready(model)
     assert full.value.status == 429 and full.value.retry_after_s
+    await clock.advance_until(first.done, within=1)
+    assert clock.now() == pytest.approx(arrived + 0.2), "answered at the cold-start timeout"
     with pytest.raises(GatewayError) as timeout:
         await first
     assert timeout.value.status == 503 and "within 0.2s" in timeout.value.message
     held = asyncio.create_task(waker.hold_until_ready(model))
-    await asyncio.sleep(0.01)
+    await clock.settle()
     registry.apply_deployment("DELETED", deployment("chat"))
     with pytest.raises(GatewayError) as deleted:
         await held
@@ -305,49 +310,56 @@ def condition(kind: str, status: str, reason: str, message: str = "why", **extra
 
 
 UNSTARTABLE = [
-    condition("FitFailed", "True", "FitFailed", "needs 9 GiB"),
-    condition("ArtifactReady", "False", "ChecksumMismatch", "digest differs"),
-    condition(
-        "ArtifactReady", "False", "ArtifactNotReady", "ModelArtifact m is not Ready (phase Failed)"
-    ),
-    condition("ArtifactReady", "False", "ArtifactNotReady", "ModelArtifact m does not exist"),
-    condition("RuntimeReady", "False", "RuntimeFailed", "3 pods of this template stopped"),
-    condition("RuntimeReady", "False", "Forbidden", "pods is forbidden"),
-    condition("RuntimeReady", "False", "RolloutFailed", "gave up"),
-    condition("RuntimeReady", "False", "CrashLoop", "restarted 5 times"),
+    condition("FitFailed", "True", DeploymentReason.FIT_FAILED, "needs 9 GiB"),
+    condition("ArtifactReady", "False", Failure.CHECKSUM_MISMATCH, "digest differs"),
+    condition("ArtifactReady", "False", DeploymentReason.ARTIFACT_FAILED, "phase Failed"),
+    condition("ArtifactReady", "False", DeploymentReason.ARTIFACT_MISSING, "no such artifact"),
+    condition("ArtifactReady", "False", DeploymentReason.ARTIFACT_NOT_USABLE, "no weights"),
+    condition("RuntimeReady", "False", DeploymentReason.RUNTIME_FAILED, "3 pods stopped"),
+    condition("RuntimeReady", "False", DeploymentReason.FORBIDDEN, "pods is forbidden"),
+    condition("RuntimeReady", "False", DeploymentReason.PROGRESS_DEADLINE_EXCEEDED, "gave up"),
+    condition("RuntimeReady", "False", DeploymentReason.CRASH_LOOP, "restarted 5 times"),
 ]
 STARTABLE = [
-    condition("FitFailed", "False", "Fits", "CPU"),
+    condition("FitFailed", "False", DeploymentReason.FITS, "CPU"),
+    # still importing: the message may say anything, the reason says "wait"
     condition(
         "ArtifactReady",
         "False",
-        "ArtifactNotReady",
-        "ModelArtifact m is not Ready (phase Importing)",
+        DeploymentReason.ARTIFACT_NOT_READY,
+        "ModelArtifact m does not exist (phase Failed)",
     ),
-    condition("RuntimeReady", "False", "ScaledToZero", "no replica is wanted"),
-    condition("RuntimeReady", "False", "Starting", "0/1 ready"),
+    condition("RuntimeReady", "False", DeploymentReason.SCALED_TO_ZERO, "no replica is wanted"),
+    condition("RuntimeReady", "False", DeploymentReason.STARTING, "0/1 ready"),
     # about an older spec (a newer generation is being worked on): not a verdict
-    condition("FitFailed", "True", "FitFailed", "old spec", observedGeneration=1),
+    condition("FitFailed", "True", DeploymentReason.FIT_FAILED, "old spec", observedGeneration=1),
+    condition(
+        "ArtifactReady",
+        "False",
+        DeploymentReason.ARTIFACT_MISSING,
+        "old spec",
+        observedGeneration=1,
+    ),
 ]
 
 
-def at_zero(*conditions: Any, generation: int = 2) -> tuple[Waker, RecordingTemporal, Model]:
-    waker, temporal, registry = waker_and_model(coldStartTimeout="10m")
+def at_zero(
+    *conditions: Any, generation: int = 2
+) -> tuple[Waker, RecordingTemporal, Model, ManualClock]:
+    waker, temporal, registry, clock = waker_and_model(coldStartTimeout="10m")
     obj = deployment("chat", conditions=list(conditions))
     obj["metadata"]["generation"] = generation
     registry.apply_deployment("MODIFIED", obj)
     model = registry.resolve("ns/chat")
     assert model is not None
-    return waker, temporal, model
+    return waker, temporal, model, clock
 
 
 @pytest.mark.parametrize("blocking", UNSTARTABLE, ids=lambda c: f"{c['type']}-{c['reason']}")
 async def test_a_model_that_cannot_start_is_refused_at_once(blocking: Any) -> None:
-    waker, temporal, _ = at_zero(blocking)
-    model = waker.registry.resolve("ns/chat")
-    assert model is not None
+    waker, temporal, model, _ = at_zero(blocking)
     with pytest.raises(GatewayError) as refused:
-        await asyncio.wait_for(waker.hold_until_ready(model), 1)
+        await waker.hold_until_ready(model)
     assert refused.value.status == 503 and refused.value.retry_after_s
     assert refused.value.code == "cannot_start"
     assert f"{blocking['reason']}: {blocking['message']}" in refused.value.message
@@ -356,32 +368,34 @@ async def test_a_model_that_cannot_start_is_refused_at_once(blocking: Any) -> No
 
 @pytest.mark.parametrize("progress", STARTABLE, ids=lambda c: f"{c['type']}-{c['reason']}")
 async def test_a_model_on_its_way_is_waited_for(progress: Any) -> None:
-    waker, temporal, model = at_zero(progress)
+    waker, temporal, model, clock = at_zero(progress)
     held = asyncio.create_task(waker.hold_until_ready(model))
-    await asyncio.sleep(0.05)
+    await clock.advance(5)
     assert not held.done() and temporal.started == ["wake/ns/chat"]
     held.cancel()
     await asyncio.gather(held, return_exceptions=True)
 
 
 async def test_held_requests_are_answered_once_the_status_says_it_cannot_start() -> None:
-    waker, _, model = at_zero(condition("RuntimeReady", "False", "ScaledToZero"))
+    waker, _, model, clock = at_zero(condition("RuntimeReady", "False", "ScaledToZero"))
     held = [asyncio.create_task(waker.hold_until_ready(model)) for _ in range(3)]
-    await asyncio.sleep(0.05)
+    await clock.advance(1)
     assert model.held == 3
     obj = deployment(
         "chat", conditions=[condition("ArtifactReady", "False", "InvalidGGUF", "bad magic")]
     )
     obj["metadata"]["generation"] = 2
     waker.registry.apply_deployment("MODIFIED", obj)
-    results = await asyncio.wait_for(asyncio.gather(*held, return_exceptions=True), 1)
+    await clock.settle()
+    assert all(t.done() for t in held), "answered at once, not at the cold-start timeout"
+    results = await asyncio.gather(*held, return_exceptions=True)
     for result in results:
         assert isinstance(result, GatewayError) and result.status == 503
         assert "InvalidGGUF: bad magic" in result.message
     assert model.held == 0
     waker.registry.apply_deployment("MODIFIED", deployment("chat"))  # fixed: held again
     again = asyncio.create_task(waker.hold_until_ready(model))
-    await asyncio.sleep(0.05)
+    await clock.advance(5)
     assert not again.done()
     again.cancel()
     await asyncio.gather(again, return_exceptions=True)

@@ -21,11 +21,14 @@ from typing import TypeVar
 import pytest
 from gguf import GGUFValueType as VT
 
-import kama.gguf as g
 from activities.cache import gguf_facts
-from activities.models import DownloadedFile
+from activities.gguf_files import inspect_file, inspect_files
+from activities.import_payloads import DownloadedFile
 from kama.api import GGUFInfo
-from kama.gguf import HeaderLimits, InvalidGGUF, MissingShard, inspect_file, read_header
+from kama.gguf import bounds as g
+from kama.gguf.header import GGUFHeader, HeaderLimits, InvalidGGUF
+from kama.gguf.reader import read_header
+from kama.gguf.shards import MissingShard
 from kamadev.gguf_factory import (
     raw_array_kv,
     raw_gguf,
@@ -77,7 +80,7 @@ def _peak(parse: Callable[[], T]) -> tuple[T, int]:
     return result, peak
 
 
-def _parse_file(path: Path) -> g.GGUFHeader:
+def _parse_file(path: Path) -> GGUFHeader:
     with path.open("rb") as f:
         return read_header(f, file_size=path.stat().st_size)
 
@@ -365,14 +368,14 @@ def test_inspect_files_merges_a_shard_set(tmp_path: Path) -> None:
         _shard(tmp_path, no=i, count=3, total=30, names=range(10 * i, 10 * i + 10))
         for i in range(3)
     ]
-    facts = g.inspect_files(list(reversed(paths)))
+    facts = inspect_files(list(reversed(paths)))
     assert facts.architecture == "llama" and facts.split_count == 3
     assert sorted(facts.tensors) == sorted(f"t{i}" for i in range(30))
     assert facts.tensor_bytes == 30 * 32
     with pytest.raises(MissingShard, match="missing shard"):
-        g.inspect_files(paths[:2])
+        inspect_files(paths[:2])
     with pytest.raises(MissingShard, match="no GGUF files"):
-        g.inspect_files([])
+        inspect_files([])
 
 
 def test_inspect_files_caps_tensors_over_the_whole_set(tmp_path: Path) -> None:
@@ -390,10 +393,10 @@ def test_inspect_files_caps_tensors_over_the_whole_set(tmp_path: Path) -> None:
         for i in range(3)
     ]
     with pytest.raises(InvalidGGUF, match="tensors together"):
-        g.inspect_files(paths)
+        inspect_files(paths)
 
 
 def test_inspect_files_refuses_a_tensor_in_two_shards(tmp_path: Path) -> None:
     paths = [_shard(tmp_path, no=i, count=2, total=2, names=range(1)) for i in range(2)]
     with pytest.raises(InvalidGGUF, match="more than one file"):
-        g.inspect_files(paths)
+        inspect_files(paths)

@@ -1,4 +1,4 @@
-"""Fuzz tests: kama.gguf.read_header must only ever return or raise InvalidGGUF.
+"""Fuzz tests: kama.gguf.reader.read_header must only ever return or raise InvalidGGUF.
 
 Model files are untrusted input, so no mutation, truncation or random byte string may
 escape as another exception type, hang, or make the parser allocate what the header claims.
@@ -19,8 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kama.api import GGUFInfo
-from kama.gguf import GGUFHeader, InvalidGGUF, MissingShard, facts_from_header, read_header
+from kama.gguf.artifact_status import gguf_info
+from kama.gguf.header import GGUFHeader, InvalidGGUF
+from kama.gguf.reader import read_header
+from kama.gguf.shards import MissingShard, facts_from_header
 from kamadev.gguf_factory import ModelShape, write_model
 
 FUZZ = settings(
@@ -99,7 +101,7 @@ def test_facts_of_overwritten_fields_fit_a_status(pos: int, value: int, width: i
         facts = facts_from_header(header)
     except (InvalidGGUF, MissingShard):
         return
-    GGUFInfo.from_facts(facts)
+    gguf_info(facts)
 
 
 @FUZZ

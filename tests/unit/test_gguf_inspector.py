@@ -18,19 +18,16 @@ import gguf
 import pytest
 
 from activities.cache import gguf_facts
-from activities.models import DownloadedFile
-from kama.gguf import (
-    GGML_TYPES,
-    GGUFHeader,
-    HeaderLimits,
-    InvalidGGUF,
+from activities.gguf_files import inspect_file
+from activities.import_payloads import DownloadedFile
+from kama.gguf.header import GGML_TYPES, GGUFHeader, HeaderLimits, InvalidGGUF
+from kama.gguf.reader import read_header
+from kama.gguf.shards import (
     MissingShard,
     check_shard_set,
     facts_from_header,
     facts_from_shard_set,
-    inspect_file,
     parse_shard_name,
-    read_header,
     shard_file_names,
 )
 from kamadev.gguf_factory import (
@@ -390,5 +387,5 @@ class _TrickleReader(io.RawIOBase):
 
 def test_short_reads_are_retried(tmp_path: Path) -> None:
     data = write_model(tmp_path / "m.gguf", shape=SMALL).read_bytes()
-    header = read_header(_TrickleReader(data), file_size=len(data))  # type: ignore[arg-type]
+    header = read_header(_TrickleReader(data), file_size=len(data))
     assert header == _parse(data)

@@ -1,10 +1,13 @@
 """The import graph keeps the layers the README draws: arrows point inward only.
 
 wiring (`kamactl`) → processes (`watcher`, `gateway`, `runtime`) → `workflows` →
-`activities` → `kama` (pure). Development tooling (`kamadev`, `tests`) may import
-anything; nothing installed imports it. No module takes part in an import cycle.
-The graph is read from the source with `ast`, so lazy imports inside functions count
-too."""
+`activities` → `kama` (pure). The gateway names workflows by `kama.contracts` and
+imports no `workflows` module; the watcher and the gateway share the list+watch loop
+of `informer`, which imports only `kama`. Inside `kama`, the API (`kama.api`, the
+source of the CRDs) imports none of the algorithms that act on it. Development
+tooling (`kamadev`, `tests`) may import anything; nothing installed imports it. No
+module takes part in an import cycle. The graph is read from the source with `ast`,
+so lazy imports inside functions count too."""
 
 from __future__ import annotations
 
@@ -16,7 +19,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-INSTALLED = ("kama", "kamactl", "workflows", "activities", "watcher", "gateway", "runtime")
+INSTALLED = (
+    "kama",
+    "kamactl",
+    "workflows",
+    "activities",
+    "informer",
+    "watcher",
+    "gateway",
+    "runtime",
+)
 PROJECT = (*INSTALLED, "kamadev", "tests")
 
 # which project packages each package may import (itself always)
@@ -24,12 +36,26 @@ ALLOWED: dict[str, set[str]] = {
     "kama": set(),
     "activities": {"kama"},
     "workflows": {"kama", "activities"},
-    "watcher": {"kama", "workflows"},
-    # the shared list+watch loop, and the bounded pod reads the worker makes too
-    "gateway": {"kama", "workflows", "watcher.watch", "activities.pod_reads"},
+    "informer": {"kama"},
+    "watcher": {"kama", "workflows", "informer"},
+    # workflows by name only (`kama.contracts`); the bounded pod reads the worker makes too
+    "gateway": {"kama", "informer", "activities.pod_reads"},
     "runtime": {"kama"},
-    "kamactl": {"kama", "activities", "workflows", "watcher", "gateway", "runtime"},
+    "kamactl": {"kama", "activities", "workflows", "informer", "watcher", "gateway", "runtime"},
 }
+
+# what acts on the API's types: the API declares its fields with choices and defaults
+# of its own (`kama.api.deployment_choices`), never by importing these
+ALGORITHMS = (
+    "kama.planner",
+    "kama.memory",
+    "kama.autoscaling",
+    "kama.deployment_plan",
+    "kama.demand_ledger",
+    "kama.replica_keeper",
+    "kama.architectures",
+    "kama.gguf",
+)
 
 
 def _modules() -> Iterator[tuple[str, Path]]:
@@ -146,13 +172,36 @@ def test_the_wheel_ships_only_kama_and_claims_no_foreign_top_level_name() -> Non
     assert project["project"]["scripts"]["kama"] == "kamactl.cli:main"
 
 
+def _is_algorithm(module: str) -> bool:
+    return any(module == name or module.startswith(f"{name}.") for name in ALGORITHMS)
+
+
+def test_the_api_imports_no_algorithm() -> None:
+    api = sorted(name for name in GRAPH if name == "kama.api" or name.startswith("kama.api."))
+    assert "kama.api.deployment" in api
+    wrong = sorted(
+        f"{source} -> {target}"
+        for source in api
+        for target in GRAPH[source]
+        if _is_algorithm(target)
+    )
+    assert wrong == [], "kama.api imports algorithms:\n" + "\n".join(wrong)
+
+
 @pytest.mark.parametrize(
     ("source", "target", "allowed"),
     [
         ("kama.gguf", "activities.kube", False),
         ("activities.kube", "workflows.artifact", False),
         ("gateway.proxy", "watcher.nudge", False),
-        ("gateway.app", "watcher.watch", True),
+        ("gateway.app", "watcher.watch", False),
+        ("gateway.app", "informer.watch", True),
+        ("watcher.main", "informer.watch", True),
+        ("informer.watch", "watcher.nudge", False),
+        ("informer.watch", "kama.api", True),
+        ("gateway.wake", "workflows.wake", False),
+        ("gateway.demand", "workflows.deployment", False),
+        ("gateway.wake", "kama.contracts", True),
         ("workflows.wake", "activities.serving_pods", True),
         ("kamactl.worker", "workflows.wake", True),
         ("runtime.supervisor", "kamadev.stack", False),

@@ -23,12 +23,12 @@ from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
+from activities.import_payloads import HubSource, ResolvedSource, SpaceRequest
 from activities.importer_relay import ImporterPodAddress, ImporterRelay, result_types
-from activities.models import HuggingFaceSource, ResolvedSource, SpaceRequest
 from kama.contracts import ObjectRef, importer_task_queue
 from kama.importer_pod import (
     ImporterMounts,
-    ImporterPodOptions,
+    ImporterTemplate,
     importer_pod_manifest,
     importer_pod_name,
 )
@@ -99,7 +99,7 @@ async def test_a_relayed_call_returns_the_importers_result_as_its_declared_type(
         resolved = await relayed(
             relay,
             RESOLVE,
-            HuggingFaceSource(repo="acme/tiny", revision="main", files=["tiny.gguf"]),
+            HubSource(repo="acme/tiny", revision="main", files=["tiny.gguf"]),
         )
     assert isinstance(resolved, ResolvedSource)
     assert [f.path for f in resolved.files] == ["tiny.gguf"]
@@ -112,9 +112,7 @@ async def test_the_importers_typed_failures_reach_the_workflow_typed(
     server, functions = importer
     async with relay_to(url_of(server), functions=functions) as relay:
         with pytest.raises(ApplicationError) as raised:
-            await relayed(
-                relay, RESOLVE, HuggingFaceSource(repo="acme/none", revision="main", files=[])
-            )
+            await relayed(relay, RESOLVE, HubSource(repo="acme/none", revision="main", files=[]))
     assert raised.value.type == "SourceUnavailable" and raised.value.non_retryable
 
 
@@ -200,9 +198,7 @@ async def test_a_hostile_importers_answer_is_refused(
     with fake_importer(answer) as url:
         async with relay_to(url, functions=functions) as relay:
             with pytest.raises(ApplicationError) as raised:
-                await relayed(
-                    relay, RESOLVE, HuggingFaceSource(repo="acme/x", revision="main", files=[])
-                )
+                await relayed(relay, RESOLVE, HubSource(repo="acme/x", revision="main", files=[]))
     assert raised.value.type == kind, raised.value
 
 
@@ -222,7 +218,7 @@ async def test_an_importer_that_goes_quiet_is_given_up_on() -> None:
                 await relayed(
                     relay,
                     RESOLVE,
-                    HuggingFaceSource(repo="acme/x", revision="main", files=[]),
+                    HubSource(repo="acme/x", revision="main", files=[]),
                     beats=beats,
                 )
     assert raised.value.type == "ImporterUnavailable" and not raised.value.non_retryable
@@ -234,15 +230,12 @@ def worker_made_pod(**changes: Any) -> dict[str, Any]:
     """An importer pod as the worker creates it, once the kubelet gave it an IP."""
     owner = ObjectRef(namespace="team-a", name="llama", uid="0f3c2a1b-aaaa", cluster="c1")
     pod = importer_pod_manifest(
+        template=ImporterTemplate(image="kama:dev", hf_endpoint="http://hub"),
         name=importer_pod_name("llama", "0f3c2a1b-g1-a1"),
         owner=owner,
         operation_id="0f3c2a1b-g1-a1",
-        image="kama:dev",
         token=TOKEN,
-        hf_endpoint="http://hub",
         mounts=ImporterMounts(cache_claim="cache"),
-        extra_volumes=[],
-        options=ImporterPodOptions(),
     )
     pod["metadata"]["uid"] = "pod-uid-1"
     pod["status"] = {"podIP": "10.1.2.3"}

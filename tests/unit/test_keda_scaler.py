@@ -30,10 +30,9 @@ from gateway.keda_scaler import (
     stop_keda_scaler,
 )
 from gateway.registry import ModelRegistry
-from kama.contracts import ObjectRef, deployment_workflow_id
+from kama.contracts import STATUS_QUERY, DeploymentWorkflowStatus, ObjectRef, deployment_workflow_id
 from kamadev.processes import free_port
-from tests.unit.gateway_support import deployment, pod
-from workflows.deployment import DeploymentWorkflowStatus
+from tests.unit.gateway_support import ManualClock, deployment, pod
 
 
 @dataclass
@@ -176,26 +175,21 @@ class FakeTemporal:
         temporal: FakeTemporal
         workflow_id: str
 
-        async def query(self, query: Any, **_kwargs: Any) -> DeploymentWorkflowStatus:
+        async def query(self, query: str, **kwargs: Any) -> DeploymentWorkflowStatus:
+            assert query == STATUS_QUERY and kwargs["result_type"] is DeploymentWorkflowStatus
             self.temporal.queries.append(self.workflow_id)
             if self.temporal.error is not None:
                 raise self.temporal.error
             return DeploymentWorkflowStatus(demand=self.temporal.demand)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def gateway_source(temporal: FakeTemporal) -> tuple[GatewayDemandSource, ModelRegistry, Clock]:
+def gateway_source(
+    temporal: FakeTemporal,
+) -> tuple[GatewayDemandSource, ModelRegistry, ManualClock]:
     registry = ModelRegistry()
     registry.apply_deployment("ADDED", deployment("chat"))
     registry.apply_pod("ADDED", pod("p0", ip="10.0.0.1", slots=4))
-    clock = Clock()
+    clock = ManualClock()
     source = GatewayDemandSource(
         registry=registry, client=cast(Client, temporal), cluster="c1", clock=clock
     )
@@ -224,7 +218,7 @@ async def test_the_demand_is_the_larger_of_this_gateways_and_every_gateways() ->
         assert lease is not None
         lease.release()
     temporal.demand = 3
-    clock.now += QUERY_CACHE_S
+    await clock.advance(QUERY_CACHE_S)
     assert await source.demand(namespace="ns", name="chat") == 3
     assert len(temporal.queries) == 2
     assert await source.demand(namespace="ns", name="other") is None
@@ -248,5 +242,5 @@ async def test_without_temporal_the_local_demand_stands_alone(error: Exception) 
     assert await source.demand(namespace="ns", name="chat") == 2
     assert len(temporal.queries) == 1, "a failure is cached like an answer"
     temporal.error, temporal.demand = None, 4
-    clock.now += QUERY_CACHE_S
+    await clock.advance(QUERY_CACHE_S)
     assert await source.demand(namespace="ns", name="chat") == 4

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
+from informer.watch import WatchHealth
 from kama.config import Settings
 from kamactl.cli import build_parser
 from kamactl.logs import JsonFormatter, configure_logging, log_format
@@ -27,7 +28,6 @@ from kamactl.status_report import age, render_json, render_table, row_for
 from kamactl.version import render_version, version_info
 from kamactl.workflow_counts import WorkflowCounts, count_query, workflow_type_names
 from watcher.metrics import WatcherMetrics
-from watcher.watch import WatchHealth
 from workflows.artifact import ArtifactWorkflow
 from workflows.deployment import DeploymentWorkflow
 

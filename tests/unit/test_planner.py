@@ -18,15 +18,15 @@ from typing import Any
 
 import pytest
 
+from activities.gguf_files import inspect_file
 from kama.api import GGUFInfo
+from kama.api.deployment_choices import FlashAttention, KVCacheType, PlacementMode, PlacementPolicy
 from kama.deployment_plan import ArtifactNotUsable, model_facts, serving_plan
-from kama.gguf import inspect_file
+from kama.gguf.artifact_status import gguf_info
 from kama.memory import (
     CUDA_CONTEXT_RESERVE_BYTES,
     HOST_OVERHEAD_BYTES,
     MIB,
-    FlashAttention,
-    KVCacheType,
     ModelFacts,
     RuntimeEnvelope,
     assign_units,
@@ -36,9 +36,7 @@ from kama.memory import (
 from kama.node_inventory import NodeInventory, Taint, node_from_k8s
 from kama.planner import (
     Placement,
-    PlacementMode,
     PlacementPlan,
-    PlacementPolicy,
     Profile,
     ProfileMode,
     SplitMode,
@@ -658,7 +656,7 @@ def test_envelope_validation(kwargs: dict[str, Any], error: str) -> None:
 def test_model_facts_from_generated_gguf(tmp_path: Path) -> None:
     shape = ModelShape(n_layer=3, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_ctx=512)
     facts = inspect_file(write_model(tmp_path / "m.gguf", shape=shape))
-    model = model_facts(GGUFInfo.from_facts(facts))
+    model = model_facts(gguf_info(facts))
     assert (model.n_layer, model.n_embd, model.n_head, model.n_head_kv) == (3, 64, 4, 2)
     assert (model.head_dim_k, model.head_dim_v, model.n_ctx_train) == (16, 16, 512)
     assert model.n_vocab == shape.n_vocab and model.n_ff == 128 and model.file_type == "F32"
@@ -687,22 +685,22 @@ def test_model_facts_from_generated_gguf(tmp_path: Path) -> None:
 def test_model_facts_from_gguf_names_missing_facts(tmp_path: Path) -> None:
     facts = inspect_file(write_model(tmp_path / "m.gguf", shape=ModelShape()))
     with pytest.raises(ArtifactNotUsable, match="contextLength"):
-        model_facts(GGUFInfo.from_facts(dataclasses.replace(facts, n_ctx_train=None)))
+        model_facts(gguf_info(dataclasses.replace(facts, n_ctx_train=None)))
 
 
 def test_model_facts_keep_per_layer_kv_heads(tmp_path: Path) -> None:
     shape = ModelShape(n_layer=3, n_embd=64, n_head=4, n_head_kv=2, n_ctx=512)
     uniform = inspect_file(write_model(tmp_path / "m.gguf", shape=shape))
     varied = dataclasses.replace(uniform, n_head_kv_per_layer=(2, 1, 2))
-    status = GGUFInfo.from_facts(varied).model_dump(mode="json", by_alias=True)
+    status = gguf_info(varied).model_dump(mode="json", by_alias=True)
     assert status["headCountKVPerLayer"] == [2, 1, 2]
     model = model_facts(GGUFInfo.model_validate(status))
     assert model.n_head_kv == 2 and model.n_head_kv_per_layer == (2, 1, 2)
     envelope = RuntimeEnvelope(context_size=512)
-    full = kv_cache_bytes(model=model_facts(GGUFInfo.from_facts(uniform)), envelope=envelope)
+    full = kv_cache_bytes(model=model_facts(gguf_info(uniform)), envelope=envelope)
     assert kv_cache_bytes(model=model, envelope=envelope) * 6 == full * 5
     with pytest.raises(ArtifactNotUsable, match="headCountKVPerLayer has 2 entries for 3"):
-        model_facts(GGUFInfo.from_facts(dataclasses.replace(uniform, n_head_kv_per_layer=(2, 1))))
+        model_facts(gguf_info(dataclasses.replace(uniform, n_head_kv_per_layer=(2, 1))))
 
 
 # ---------------------------------------------------------------------------

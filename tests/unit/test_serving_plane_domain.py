@@ -12,24 +12,24 @@ from typing import Any
 
 import pytest
 
+from activities.gguf_files import inspect_file
 from kama.api import GGUFInfo, ModelArtifactStatus
 from kama.api.deployment import ModelDeploymentSpec
+from kama.api.deployment_choices import PlacementMode
 from kama.deployment_plan import (
     ArtifactNotUsable,
     decide_deployment,
     degraded_condition,
-    headline_reason,
     model_facts,
     mounted_by_one_node,
     nodes_holding_claim,
     nodes_that_mount,
-    ready_condition,
     runtime_envelope,
 )
+from kama.deployment_status import headline_reason, ready_condition
 from kama.durations import parse_duration
-from kama.gguf import inspect_file
+from kama.gguf.artifact_status import gguf_info
 from kama.memory import estimate_memory
-from kama.planner import PlacementMode
 from kama.rollout import ObservedPod, plan_rollout
 from kama.serving_plan import ServingPlan
 from kama.serving_pod import ServingTemplate, serving_pod_manifest
@@ -206,9 +206,7 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_artifact_status_carries_what_the_planner_needs(generated: Path) -> None:
     facts = inspect_file(generated)
-    from_status = model_facts(
-        GGUFInfo.model_validate(GGUFInfo.from_facts(facts).model_dump(by_alias=True))
-    )
+    from_status = model_facts(GGUFInfo.model_validate(gguf_info(facts).model_dump(by_alias=True)))
     # The status groups tensor bytes by layer; the file's own tensors must estimate alike.
     from_file = dataclasses.replace(from_status, tensor_bytes=facts.tensors)
     envelope = runtime_envelope(
@@ -249,7 +247,7 @@ def artifact_status(generated: Path, **location: Any) -> ModelArtifactStatus:
             "phase": "Ready",
             "manifestDigest": "sha256:" + "cd" * 32,
             "files": [{"path": "m.gguf", "size": generated.stat().st_size, "sha256": "ef" * 32}],
-            "gguf": GGUFInfo.from_facts(facts).model_dump(by_alias=True, exclude_none=True),
+            "gguf": gguf_info(facts).model_dump(by_alias=True, exclude_none=True),
             "servingLocation": {"claimName": "kama-cache-models", "subPath": "blobs/x", **location},
         }
     )
@@ -427,7 +425,6 @@ def test_a_claim_one_node_mounts_keeps_every_replica_on_one_node(generated: Path
     rwo = ["ReadWriteOnce"]
     assert decide(rwo) == ("a", "a"), "the planner's node, pinned"
     assert decide(rwo, claim_nodes=["b"]) == ("b", "b"), "where the claim is mounted already"
-    assert decide(rwo, claim_nodes=["b"], one_node_claims=False) == ("a", None), "as before"
     assert decide(["ReadOnlyMany"], claim_nodes=["b"]) == ("a", None), "many nodes may mount"
     local_a = {"nodeAffinity": {"required": {"nodeSelectorTerms": [hostname_term("a")]}}}
     assert decide(rwo, location=local_a) == ("a", "a")

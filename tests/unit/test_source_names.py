@@ -19,7 +19,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.huggingface import HuggingFaceActivities
-from activities.models import DownloadRequest, HuggingFaceSource, PvcSource, ResolvedFile
+from activities.import_payloads import DownloadRequest, HubSource, PvcSource, ResolvedFile
 from activities.volume_source import PvcSourceActivities
 from kama.cache_layout import MANIFEST_NAME, READY_NAME
 from kama.sources import FileSelectionError, SourceFile, select_files
@@ -86,7 +86,7 @@ def _resolve_hub(hub: HubFixture, tmp_path: Path, names: list[str], files: list[
     blob.write_bytes(b"GGUF" + b"\0" * 60)
     hub.add_repo("acme/odd", dict.fromkeys(names, blob))
     activities = HuggingFaceActivities(http=None, endpoint=hub.url)  # type: ignore[arg-type]
-    source = HuggingFaceSource(repo="acme/odd", revision="main", files=files)
+    source = HubSource(repo="acme/odd", revision="main", files=files)
     ActivityEnvironment().run(activities.resolve_source, source)
 
 
@@ -131,7 +131,7 @@ def test_volume_resolve_refuses_reserved_names(tmp_path: Path, name: str) -> Non
 def test_download_of_an_unsafe_name_is_not_retried(tmp_path: Path) -> None:
     """Resolve refuses such names; a workflow resolved before that still must not retry."""
     request = DownloadRequest(
-        source=HuggingFaceSource(repo="acme/odd", revision="main", files=["*.gguf"]),
+        source=HubSource(repo="acme/odd", revision="main", files=["*.gguf"]),
         commit="0" * 40,
         file=ResolvedFile(path="../evil.gguf", size=4, sha256=None),
         cache_root=str(tmp_path),

@@ -21,7 +21,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.cache import CacheActivities, StagingRequest
-from activities.models import (
+from activities.import_payloads import (
     CopyRequest,
     LookupRequest,
     PvcSource,

@@ -10,7 +10,7 @@ from typing import Any
 
 from urllib3.exceptions import ProtocolError
 
-from watcher.watch import WATCH_DIED_EXIT_CODE, WatchHealth, WatchTarget, run_watch, start_watch
+from informer.watch import WATCH_DIED_EXIT_CODE, WatchHealth, WatchTarget, run_watch, start_watch
 
 
 def _pod(name: str) -> dict[str, Any]:
@@ -40,7 +40,7 @@ class FlakyCollection:
 
 
 def test_a_broken_watch_relists_and_reports_what_vanished(monkeypatch: Any) -> None:
-    monkeypatch.setattr("watcher.watch.BACKOFF_START_S", 0.001)
+    monkeypatch.setattr("informer.watch.BACKOFF_START_S", 0.001)
     stop = threading.Event()
     collection = FlakyCollection(listings=[[_pod("a"), _pod("b")], [_pod("b")]], stop=stop)
     events: list[tuple[str, str]] = []

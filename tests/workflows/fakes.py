@@ -8,10 +8,6 @@ returns the real dataclasses, so the workflows run unchanged on a worker (as in
 temporalio/samples-python `tests/hello/hello_activity_test.py`); the workflows'
 behaviour is then read from what they asked the cluster to do: status written,
 Events, replicas set, pods created and deleted, finalizers released.
-
-This module imports only names that did not move across the workflow refactors
-(activity inputs and outputs, `kama.contracts`), so `record_prepatch_history.py` can
-run it against an older tree.
 """
 
 from __future__ import annotations
@@ -31,23 +27,13 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
-from activities.keda import KedaUnavailable, ScaledObjectRequest
-from activities.kube import (
-    CacheClaim,
-    CacheRequest,
-    EventRequest,
-    FinalizerRequest,
-    ImporterPod,
-    PodRef,
-    StatusPatch,
-)
-from activities.llama_server import SlotsRequest
-from activities.models import (
+from activities.claims import CacheClaim, CacheRequest
+from activities.import_payloads import (
     CopyRequest,
     DiscardRequest,
     DownloadedFile,
     DownloadRequest,
-    HuggingFaceSource,
+    HubSource,
     InPlaceArtifact,
     InPlaceRequest,
     LookupRequest,
@@ -59,6 +45,10 @@ from activities.models import (
     SpaceRequest,
     VerifyPublishedRequest,
 )
+from activities.importer_pods import ImporterPod, PodRef
+from activities.kama_objects import EventRequest, FinalizerRequest, StatusPatch
+from activities.keda import KedaUnavailable, ScaledObjectRequest
+from activities.llama_server import SlotsRequest
 from activities.progress import ImportProgress, ProgressRequest
 from activities.serving_pods import (
     CreatePod,
@@ -87,7 +77,7 @@ from kama.serving_pod import (
 NAMESPACE = "models"
 
 # GGUF facts of a 2-layer llama model as the importer reports them (the output of
-# GGUFInfo.from_facts(inspect_file(write_model(shape=ModelShape(n_layer=2,
+# gguf_info(inspect_file(write_model(shape=ModelShape(n_layer=2,
 # n_head_kv=2, n_ctx=2048, seed=7))))): small enough to fit any node.
 TINY_GGUF: dict[str, Any] = {
     "architecture": "llama",
@@ -323,13 +313,9 @@ class FakeCluster:
             access_modes=["ReadWriteOnce"],
             capacity="10Gi",
             created_by_kama=True,
-            **self._local_volume(),
-            **self._owner(),
+            node_affinity=self.claim_node_affinity,
+            owner_uid=self.cache_uid,
         )
-
-    def _owner(self) -> dict[str, Any]:
-        """The cache's uid, only when set (older trees' CacheClaim has no such field)."""
-        return {"owner_uid": self.cache_uid} if self.cache_uid else {}
 
     @activity.defn(name="Expand cache claim")
     async def expand_cache_claim(self, request: CacheRequest) -> dict[str, str]:
@@ -343,13 +329,8 @@ class FakeCluster:
             claim_name=request.name,
             access_modes=list(self.source_access_modes),
             capacity="5Gi",
-            **self._local_volume(),
+            node_affinity=self.claim_node_affinity,
         )
-
-    def _local_volume(self) -> dict[str, Any]:
-        """The claim's node affinity, only when set: older trees' CacheClaim has no
-        such field (`record_prepatch_history.py`)."""
-        return {"node_affinity": self.claim_node_affinity} if self.claim_node_affinity else {}
 
     @activity.defn(name="Start importer pod")
     async def ensure_importer_pod(self, request: ImporterPod) -> PodRef:
@@ -546,7 +527,7 @@ class FakeImporter:
         return ResolvedSource(commit=COMMIT, files=list(self.files), entrypoint=self.files[0].path)
 
     @activity.defn(name="Resolve Hugging Face source")
-    async def resolve_source(self, source: HuggingFaceSource) -> ResolvedSource:
+    async def resolve_source(self, source: HubSource) -> ResolvedSource:
         return self._resolved("Resolve Hugging Face source", source)
 
     @activity.defn(name="Resolve volume source")

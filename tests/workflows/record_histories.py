@@ -6,9 +6,10 @@ workflow it started (children found through their parents' histories) to
 Why committed histories: a replay test of a history recorded moments earlier by the
 same code cannot notice a change that breaks the workflows already running in a
 cluster. Histories recorded by an earlier version and kept in the repository can.
-Re-record after a change that is *meant* to alter histories (and guard it with
-`workflow.patched`, keeping the old history next to the new one); never to make
-`test_replay.py` pass.
+Re-record after a change that is *meant* to alter histories: before Kama's first
+release, by re-recording the cases it touches; from then on, guarded by
+`workflow.patched`, keeping the old history next to the new one (README, "Changing
+a workflow"). Never to make `test_replay.py` pass.
 
     .venv/bin/python -m tests.workflows.record_histories [CASE ...]
 """

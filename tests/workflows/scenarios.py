@@ -38,6 +38,7 @@ from kama.contracts import (
     DemandReport,
     EntitySnapshot,
     ObjectRef,
+    WakeInput,
     artifact_workflow_id,
     cache_workflow_id,
     deployment_workflow_id,
@@ -62,7 +63,7 @@ from workflows.import_model import ImportWorkflow
 from workflows.import_watch import ImportWatchWorkflow
 from workflows.rollout import RolloutWorkflow
 from workflows.verify_model import VerifyWorkflow
-from workflows.wake import WakeInput, WakeWorkflow
+from workflows.wake import WakeWorkflow
 
 WORKFLOWS: list[type] = [
     ArtifactWorkflow,

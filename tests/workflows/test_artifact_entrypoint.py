@@ -19,9 +19,9 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.cache import CacheActivities, gguf_facts
 from activities.huggingface import HuggingFaceActivities
-from activities.models import (
+from activities.import_payloads import (
     DownloadedFile,
-    HuggingFaceSource,
+    HubSource,
     InPlaceRequest,
     PublishedArtifact,
     PublishRequest,
@@ -180,9 +180,7 @@ def resolve_hub(
 ) -> tuple[str, list[str]]:
     hub.add_repo("acme/vl", files)
     activities = HuggingFaceActivities(http=None, endpoint=hub.url)  # type: ignore[arg-type]
-    source = HuggingFaceSource(
-        repo="acme/vl", revision="main", files=sorted(files), entrypoint=entrypoint
-    )
+    source = HubSource(repo="acme/vl", revision="main", files=sorted(files), entrypoint=entrypoint)
     resolved = ActivityEnvironment().run(activities.resolve_source, source)
     return resolved.entrypoint, [f.path for f in resolved.files]
 

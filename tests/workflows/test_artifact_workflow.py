@@ -13,7 +13,7 @@ from typing import Any
 from temporalio.client import WorkflowHandle
 from temporalio.exceptions import ApplicationError
 
-from activities.models import ResolvedFile
+from activities.import_payloads import ResolvedFile
 from kama.cache_layout import ManifestFile, artifact_digest
 from kama.contracts import (
     ARTIFACTS,

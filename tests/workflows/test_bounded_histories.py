@@ -13,7 +13,7 @@ from temporalio import workflow
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.models import DownloadedFile, PublishedArtifact
+from activities.import_payloads import DownloadedFile, PublishedArtifact
 from kama.contracts import ARTIFACTS, EntitySnapshot, artifact_workflow_id
 from tests.workflows.fakes import (
     ARTIFACT_DIGEST,

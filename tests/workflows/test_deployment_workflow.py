@@ -7,32 +7,26 @@ real milliseconds."""
 
 from __future__ import annotations
 
-import base64
-import json
-import uuid
-from dataclasses import replace
 from datetime import timedelta
-from typing import Any
 
 import pytest
-from temporalio.client import WorkflowFailureError, WorkflowHistory
+from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
-from temporalio.worker import Replayer
 
 from kama.contracts import (
     ARTIFACTS,
     DEPLOYMENTS,
     SPEC_CHANGED,
     DemandReport,
-    deployment_workflow_id,
+    WakeInput,
     wake_workflow_id,
 )
 from tests.workflows import scenarios
 from tests.workflows.fakes import CRASHES, NODES, STARTS_READY, STAYS_PENDING, condition
-from tests.workflows.scenarios import WORKFLOWS, Stage, staged
+from tests.workflows.scenarios import Stage, staged
 from tests.workflows.time_skipping import TimeSkippingServer
-from workflows.deployment import DeploymentInput, DeploymentMemory, DeploymentWorkflow
-from workflows.wake import WakeInput, WakeWorkflow
+from workflows.deployment import DeploymentWorkflow
+from workflows.wake import WakeWorkflow
 
 
 async def test_idle_deployment_scales_to_min_replicas(
@@ -239,7 +233,7 @@ async def test_not_ready_while_the_artifact_is_missing(time_skipping: TimeSkippi
             within=timedelta(seconds=30),
             what="a Ready condition",
         )
-        assert ready_of(stage, "orphan") == ("False", "ArtifactNotReady")
+        assert ready_of(stage, "orphan") == ("False", "ArtifactMissing")
 
 
 async def test_cpu_placement_asked_for_is_not_degraded(time_skipping: TimeSkippingServer) -> None:
@@ -307,55 +301,3 @@ async def test_replicas_of_an_artifact_on_a_local_volume_run_on_its_node(
         ]
         on_a = [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]
         assert pinned == [on_a, on_a]
-
-
-def without_ready(history: WorkflowHistory) -> WorkflowHistory:
-    """`history` as if its run had been continued as new by code that wrote no Ready
-    condition: the status carried in its input has none."""
-    events: dict[str, Any] = json.loads(history.to_json())
-    (payload,) = events["events"][0]["workflowExecutionStartedEventAttributes"]["input"]["payloads"]
-    started = json.loads(base64.b64decode(payload["data"]))
-    status = started["memory"]["status"]
-    status["conditions"] = [c for c in status["conditions"] if c["type"] != "Ready"]
-    payload["data"] = base64.b64encode(json.dumps(started).encode()).decode()
-    return WorkflowHistory.from_json(history.workflow_id, json.dumps(events))
-
-
-async def test_a_status_carried_over_without_ready(time_skipping: TimeSkippingServer) -> None:
-    """A run that older code continued as new carries a status without Ready. Replayed,
-    its first pass writes nothing, as that code decided (the status is otherwise
-    unchanged); run anew, it writes the status with Ready."""
-    async with staged(time_skipping) as stage:
-        first = await scenarios.serving_deployment(stage, "carried")
-        await first.handle.terminate()
-        written = first.status(stage)
-
-        async def continued(status: dict[str, Any]) -> str:
-            ref = replace(first.ref, uid=str(uuid.uuid4()))
-            snapshot = replace(first.snapshot, ref=ref)
-            workflow_id = deployment_workflow_id(ref)
-            stage.cluster.watch(workflow_id, snapshot)
-            memory = DeploymentMemory(status=status, seen_replicas=1, next_ordinal=1)
-            await stage.client.start_workflow(
-                DeploymentWorkflow.run,
-                DeploymentInput(snapshot=snapshot, memory=memory),
-                id=workflow_id,
-                task_queue=stage.task_queue,
-            )
-            await stage.skip(timedelta(seconds=5))
-            return workflow_id
-
-        stage.cluster.calls.clear()
-        same = await continued(written)
-        assert not stage.cluster.called("Write status"), "nothing changed, nothing to write"
-        history = await stage.client.get_workflow_handle(same).fetch_history()
-        replayed = await Replayer(workflows=WORKFLOWS).replay_workflow(
-            without_ready(history), raise_on_replay_failure=False
-        )
-        assert replayed.replay_failure is None, repr(replayed.replay_failure)
-
-        old = {**written, "conditions": [c for c in written["conditions"] if c["type"] != "Ready"]}
-        await continued(old)
-        (write,) = stage.cluster.called("Write status")
-        ready = condition(write.status, "Ready") or {}
-        assert (ready.get("status"), ready.get("reason")) == ("True", "AllReplicasReady")

@@ -15,8 +15,8 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Replayer, Worker
 
+from activities.import_payloads import HubSource
 from activities.importer_relay import ImporterPodAddress, ImporterRelay, result_types
-from activities.models import HuggingFaceSource
 from kama.cache_layout import READY_NAME, Manifest
 from kamactl.importer_server import serve_importer
 from kamactl.worker import importer_activities
@@ -80,7 +80,7 @@ async def run_import(
 ) -> ImportResult:
     request = ImportInput(
         operation_id=f"op-{uuid.uuid4().hex[:8]}",
-        source=HuggingFaceSource(repo=repo, revision="main", files=files),
+        source=HubSource(repo=repo, revision="main", files=files),
         cache_root=str(cache),
         importer_task_queue=queues.importer_queue,
         **extra,  # type: ignore[arg-type]

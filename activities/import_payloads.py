@@ -1,7 +1,9 @@
-"""Inputs and outputs of Kama's activities and workflows (dataclasses, so Temporal's
-default converter carries them and fields can be added later), and the `status`
-answer of an import, which the progress activity reads. Secrets never appear here: a
-token is referenced by a file path that only the importer can read."""
+"""What the import activities (Hub, claim source, cache) take and return, and the
+`status` answer of an import, which the progress activity reads: dataclasses, so
+Temporal's default converter carries them and fields can be added later. Their field
+names are in recorded workflow histories: add fields with defaults, never rename one.
+Secrets never appear here: a token is referenced by a file path that only the
+importer can read."""
 
 from __future__ import annotations
 
@@ -12,7 +14,12 @@ from kama.contracts import WorkflowStatus
 
 
 @dataclass(frozen=True)
-class HuggingFaceSource:
+class HubSource:
+    """The files of a Hugging Face repository one import fetches, as the workflow
+    resolved them from the artifact's `spec.source.huggingFace` (the API's
+    `kama.api.artifact.HuggingFaceSource`): whether to send a token instead of which
+    Secret holds it, and the entrypoint the spec names beside the source."""
+
     repo: str
     revision: str
     files: list[str]
@@ -44,7 +51,7 @@ class ResolvedSource:
 
 @dataclass(frozen=True)
 class DownloadRequest:
-    source: HuggingFaceSource
+    source: HubSource
     commit: str
     file: ResolvedFile
     cache_root: str

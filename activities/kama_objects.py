@@ -1,0 +1,169 @@
+"""Kama's own resources (ModelArtifact, ModelCache, ModelDeployment) as the workflows
+write them: status merge patches, Events about them, the release of Kama's finalizer,
+and which of them still use an artifact or a cache. Every call is idempotent: an
+object already gone is as good as written, and the finalizer is released only from
+the object with the workflow's uid, as it was read (a JSON patch that tests the
+resourceVersion)."""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client as k8s
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.kube_clients import KubeClients
+from activities.kube_errors import Invalid, KubeTarget, NotFound, kube_call
+from kama.api import API_VERSION, FINALIZER, GROUP, VERSION
+from kama.contracts import ARTIFACTS, DEPLOYMENTS, ObjectRef
+from kama.reasons import Failure
+
+EVENT_MESSAGE_LIMIT = 1024  # characters of an Event's message
+
+
+@dataclass(frozen=True)
+class StatusPatch:
+    kind_plural: str
+    ref: ObjectRef
+    status: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class EventRequest:
+    kind: str
+    ref: ObjectRef
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class FinalizerRequest:
+    plural: str
+    ref: ObjectRef
+
+
+class KamaObjectActivities(KubeClients):
+    @activity.defn(name="Write status")
+    def patch_status(self, patch: StatusPatch) -> None:
+        target = KubeTarget(
+            resource=f"{patch.kind_plural}/status",
+            namespace=patch.ref.namespace,
+            name=patch.ref.name,
+        )
+        with suppress(NotFound), kube_call(verb="patch", target=target):
+            self.custom.patch_namespaced_custom_object_status(
+                GROUP,
+                VERSION,
+                patch.ref.namespace,
+                patch.kind_plural,
+                patch.ref.name,
+                {"status": patch.status},
+                _content_type="application/merge-patch+json",
+            )
+
+    @activity.defn(name="Record event")
+    def record_event(self, request: EventRequest) -> None:
+        now = datetime.datetime.now(datetime.UTC)
+        event = k8s.CoreV1Event(
+            metadata=k8s.V1ObjectMeta(
+                name=f"{request.ref.name}.{uuid.uuid4().hex[:12]}", namespace=request.ref.namespace
+            ),
+            involved_object=k8s.V1ObjectReference(
+                api_version=API_VERSION,
+                kind=request.kind,
+                name=request.ref.name,
+                namespace=request.ref.namespace,
+                uid=request.ref.uid,
+            ),
+            reason=request.reason,
+            message=request.message[:EVENT_MESSAGE_LIMIT],
+            type=request.type,
+            source=k8s.V1EventSource(component="kama"),
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+            reporting_component="kama.dev/controller",
+            reporting_instance="kama-worker",
+        )
+        target = KubeTarget(resource="events", namespace=request.ref.namespace)
+        with kube_call(verb="create", target=target):
+            self.core.create_namespaced_event(request.ref.namespace, event)
+
+    @activity.defn(name="List deployments using artifact")
+    def artifact_users(self, ref: ObjectRef) -> list[str]:
+        try:
+            with kube_call(
+                verb="list", target=KubeTarget(resource=DEPLOYMENTS, namespace=ref.namespace)
+            ):
+                items = self.custom.list_namespaced_custom_object(
+                    GROUP, VERSION, ref.namespace, DEPLOYMENTS
+                )["items"]
+        except NotFound:  # ModelDeployment not installed: nothing can reference the artifact
+            return []
+        return sorted(
+            i["metadata"]["name"]
+            for i in items
+            if i.get("spec", {}).get("modelRef", {}).get("name") == ref.name
+        )
+
+    @activity.defn(name="List artifacts using cache")
+    def cache_users(self, ref: ObjectRef) -> list[str]:
+        with kube_call(verb="list", target=KubeTarget(resource=ARTIFACTS, namespace=ref.namespace)):
+            items = self.custom.list_namespaced_custom_object(
+                GROUP, VERSION, ref.namespace, ARTIFACTS
+            )["items"]
+        return sorted(
+            i["metadata"]["name"]
+            for i in items
+            if (i.get("spec", {}).get("cacheRef") or {}).get("name") == ref.name
+        )
+
+    @activity.defn(name="Release finalizer")
+    def release_finalizer(self, request: FinalizerRequest) -> None:
+        ref = request.ref
+        target = KubeTarget(resource=request.plural, namespace=ref.namespace, name=ref.name)
+        try:
+            with kube_call(verb="get", target=target):
+                obj = self.custom.get_namespaced_custom_object(
+                    GROUP, VERSION, ref.namespace, request.plural, ref.name
+                )
+        except NotFound:
+            return
+        if obj["metadata"]["uid"] != ref.uid:
+            return
+        finalizers = obj["metadata"].get("finalizers") or []
+        if FINALIZER not in finalizers:
+            return
+        patch = [
+            {
+                "op": "test",
+                "path": "/metadata/resourceVersion",
+                "value": obj["metadata"]["resourceVersion"],
+            },
+            {
+                "op": "replace",
+                "path": "/metadata/finalizers",
+                "value": [f for f in finalizers if f != FINALIZER],
+            },
+        ]
+        try:  # a list body is sent as a JSON patch
+            with suppress(NotFound), kube_call(verb="patch", target=target):
+                self.custom.patch_namespaced_custom_object(
+                    GROUP,
+                    VERSION,
+                    ref.namespace,
+                    request.plural,
+                    ref.name,
+                    patch,
+                    _content_type="application/json-patch+json",
+                )
+        except Invalid as exc:  # the `test` failed: the object changed since it was read
+            raise ApplicationError(
+                f"{exc.message}; reading it again", type=Failure.OBJECT_CHANGED
+            ) from exc
