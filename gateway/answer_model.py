@@ -1,15 +1,18 @@
 """The answer names the model the client asked for.
 
 llama-server names its model by its file (`"model": "/models/tiny.gguf"`), while
-OpenAI clients and usage trackers key on the name they sent: `<namespace>/<name>`
-or an alias. So the top-level `"model"` string of a JSON answer, and of every
-streamed event, is replaced by that name.
+OpenAI and Anthropic clients and usage trackers key on the name they sent:
+`<namespace>/<name>` or an alias. So the top-level `"model"` string of a JSON
+answer, and of every streamed event, is replaced by that name; so is the model of
+the object a Responses or Messages stream event carries (`"response": {"model"}`,
+`"message": {"model"}`).
 
 Done on the bytes, not by parsing: a JSON round trip costs ~20 µs for a chat
 answer and milliseconds for an embedding, where finding the key costs a few µs. The
-key is taken only where it is one: in key position (after `{` or `,`) at depth 1
-once string literals are set aside, so a "model" inside content, inside a nested
-object or inside another key is left alone. Nothing is buffered beyond one event
+key is taken only where it is one: in key position (after `{` or `,`) at depth 1,
+or at depth 2 inside a top-level "response" or "message" object, once string
+literals are set aside, so a "model" inside content, inside another nested object
+or inside another key is left alone. Nothing is buffered beyond one event
 line (`MAX_LINE_BYTES`; a longer line is relayed as it comes, unrenamed), and a
 whole answer only when its declared length is at most `MAX_DOCUMENT_BYTES` (a
 longer one keeps llama-server's name: it is relayed as it arrives)."""
@@ -26,6 +29,8 @@ MAX_DOCUMENT_BYTES = 8 << 20
 _STRING_BODY = rb'"[^"\\]*(?:\\.[^"\\]*)*"'
 _MODEL_FIELD = re.compile(rb'"model"\s*:\s*' + _STRING_BODY)
 _STRING = re.compile(_STRING_BODY)
+# the objects a Responses or Messages stream event carries, each naming the model
+_CARRIERS = (b'"response":', b'"response" :', b'"message":', b'"message" :')
 
 
 def encoded_name(name: str) -> bytes:
@@ -34,19 +39,32 @@ def encoded_name(name: str) -> bytes:
 
 
 def rename_model(document: bytes, name: bytes) -> bytes:
-    """`document` (one JSON object) with its top-level "model" string replaced by
-    `name` (a JSON string, quotes included); unchanged if it has none."""
+    """`document` (one JSON object) with its "model" string replaced by `name` (a
+    JSON string, quotes included): the top-level one, else that of a top-level
+    "response" or "message" object; unchanged if it has neither."""
     for found in _MODEL_FIELD.finditer(document):
         before = document[: found.start()].rstrip()
-        if before.endswith((b"{", b",")) and _depth(before) == 1:
+        if before.endswith((b"{", b",")) and _carries_model(before):
             return document[: found.start()] + b'"model":' + name + document[found.end() :]
     return document
 
 
-def _depth(prefix: bytes) -> int:
-    """How deep in objects and arrays the end of `prefix` is (strings set aside)."""
-    bare = _STRING.sub(b"", prefix)
-    return bare.count(b"{") + bare.count(b"[") - bare.count(b"}") - bare.count(b"]")
+def _carries_model(prefix: bytes) -> bool:
+    """Whether the object open at the end of `prefix` is the document itself or its
+    "response"/"message" object (strings set aside)."""
+    skeleton = _STRING.sub(lambda m: b'"' + b"_" * (len(m.group()) - 2) + b'"', prefix)
+    opened: list[int] = []
+    for at, char in enumerate(skeleton):
+        if char in b"{[":
+            opened.append(at)
+        elif char in b"}]" and opened:
+            opened.pop()
+    if len(opened) == 1:
+        return True
+    if len(opened) != 2 or skeleton[opened[1]] != ord("{"):
+        return False
+    key = prefix[: opened[1]].rstrip()
+    return key.endswith(_CARRIERS) and skeleton[opened[0]] == ord("{")
 
 
 class EventStreamRenamer:

@@ -1,10 +1,9 @@
 """`kama gateway`: the one endpoint for every model (DESIGN §6).
 
-Public routes are OpenAI's (`/v1/chat/completions`, `/v1/completions`,
-`/v1/embeddings`, `/v1/models`) and llama-server's native inference routes
-(`/completion`, `/tokenize`, `/detokenize`, `/infill`, with the model from the
-`X-Kama-Model` header or a `/models/<ns>/<name>/...` path). llama-server's admin
-and lifecycle routes are refused. Inference takes the lean path
+Public routes are `/v1/models` and every inference route llama-server serves
+(`gateway.api_routes`: OpenAI's, Anthropic's Messages, and llama-server's native
+ones with the model from the `X-Kama-Model` header or a `/models/<ns>/<name>/...`
+path). llama-server's admin and lifecycle routes are refused. Inference takes the lean path
 (`gateway.inference`); the model list and every refusal are a FastAPI app.
 
 Every public route but the refusals needs an API key (`gateway.auth`: a

@@ -1,9 +1,12 @@
-"""Errors in the OpenAI shape (`{"error": {"message", "type", "param", "code"}}`), so
-OpenAI clients show the gateway's message instead of a parse failure."""
+"""Errors in the shape of the API a client speaks, so its client library shows the
+gateway's message instead of a parse failure: OpenAI's (`{"error": {"message",
+"type", "param", "code"}}`) on OpenAI and llama-server routes, Anthropic's
+(`{"type": "error", "error": {"type", "message"}}`) on the Messages routes."""
 
 from __future__ import annotations
 
 import json
+from enum import StrEnum
 
 from fastapi.responses import JSONResponse
 
@@ -19,6 +22,25 @@ SERVER_REFUSAL_CODES = {
     500: "internal_error",
     501: "not_implemented",
 }
+
+
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+class ErrorShape(StrEnum):
+    """Whose error shape a route answers in."""
+
+    OPENAI = "openai"
+    ANTHROPIC = "anthropic"
 
 
 class GatewayError(Exception):
@@ -40,17 +62,28 @@ class GatewayError(Exception):
         self.retry_after_s = retry_after_s
         self.headers = headers  # more headers (lower-case names), e.g. WWW-Authenticate
 
-    def shape(self) -> dict[str, object]:
+    def shape(self, style: ErrorShape = ErrorShape.OPENAI) -> dict[str, object]:
+        if style is ErrorShape.ANTHROPIC:
+            kind = ANTHROPIC_ERROR_TYPES.get(
+                self.status, "api_error" if self.status >= 500 else "invalid_request_error"
+            )
+            return {"type": "error", "error": {"type": kind, "message": self.message}}
         return {
             "error": {"message": self.message, "type": self.type, "param": None, "code": self.code}
         }
 
-    def encoded(self) -> tuple[Headers, bytes]:
-        """Headers and body for the lean path's `Reply`."""
+    def encoded(self, style: ErrorShape = ErrorShape.OPENAI) -> tuple[Headers, bytes]:
+        """Headers and body for the lean path's `Reply`, in `style`."""
         headers = [JSON_CONTENT_TYPE, *self.headers]
         if self.retry_after_s is not None:
             headers.append(("retry-after", str(self.retry_after_s)))
-        return headers, json.dumps(self.shape()).encode()
+        return headers, json.dumps(self.shape(style)).encode()
+
+    def event(self, style: ErrorShape = ErrorShape.OPENAI) -> bytes:
+        """The error as the last event of a server-sent event stream, in `style`
+        (Anthropic streams name their events)."""
+        data = b"data: " + json.dumps(self.shape(style)).encode() + b"\n\n"
+        return b"event: error\n" + data if style is ErrorShape.ANTHROPIC else data
 
     def response(self) -> JSONResponse:
         headers = dict(self.headers)

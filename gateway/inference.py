@@ -2,11 +2,11 @@
 
 Every proxied request pays for whatever sits on its path, and FastAPI's routing,
 validation and middleware cost more per request than the proxying itself. So the
-routes that carry inference (`/v1/chat/completions`, `/v1/completions`,
-`/v1/embeddings`, and llama-server's native `/completion`, `/tokenize`,
-`/detokenize`, `/infill`, plain or under `/models/<ns>/<name>/`) are matched here
-and handed to the proxy by the server front; everything else (the model list and
-the refusals of unknown and llama-server admin routes) is FastAPI's.
+routes that carry inference (`gateway.api_routes`: OpenAI's, Anthropic's Messages
+and llama-server's native ones, plain or under `/models/<ns>/<name>/`) are matched
+here and handed to the proxy by the server front; everything else (the model list
+and the refusals of unknown and llama-server admin routes) is FastAPI's. Errors
+answer in the route's API's shape (Anthropic's on the Messages routes).
 
 Before a request is parsed: its API key (`gateway.auth`: 401), its content type
 (JSON only, 415: a browser page can send `text/plain` or a form to any origin
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.affinity import affinity_key
+from gateway.api_routes import InferenceRoute, match_inference
 from gateway.auth import AccessControl, Caller, check_model, resolve_for
 from gateway.auth_usage import MeteredReply
 from gateway.errors import GatewayError
@@ -31,36 +32,8 @@ from gateway.proxy import Proxy
 from gateway.registry import Model, ModelRegistry
 from gateway.transport.exchange import Handler, Reply, Request
 
-OPENAI_ROUTES = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completions",
-    "/v1/embeddings": "embeddings",
-}
-NATIVE_ROUTES = frozenset({"completion", "tokenize", "detokenize", "infill"})
 MODEL_HEADER = "x-kama-model"
 CLIENT_CLOSED = "499"  # the client left before an answer started (nginx's code)
-
-
-@dataclass(frozen=True)
-class InferenceRoute:
-    route: str  # the metrics label
-    upstream_path: str
-    model_from_path: str | None = None  # /models/<ns>/<name>/<route>
-    model_from_header: bool = False  # native routes: X-Kama-Model
-
-
-def match_inference(path: str) -> InferenceRoute | None:
-    openai = OPENAI_ROUTES.get(path)
-    if openai is not None:
-        return InferenceRoute(route=openai, upstream_path=path)
-    parts = path.split("/")
-    if len(parts) == 2 and parts[1] in NATIVE_ROUTES:
-        return InferenceRoute(route=parts[1], upstream_path=path, model_from_header=True)
-    if len(parts) == 5 and parts[1] == "models" and parts[4] in NATIVE_ROUTES and all(parts[2:4]):
-        return InferenceRoute(
-            route=parts[4], upstream_path=f"/{parts[4]}", model_from_path=f"{parts[2]}/{parts[3]}"
-        )
-    return None
 
 
 def parse_object(body: bytes) -> dict[str, Any]:
@@ -142,6 +115,7 @@ async def serve_inference(
         else:
             name = model_name(fields.get("model"))
         model = resolve(proxy.registry, name, caller)
+        route.check_mode(mode=model.mode, model=name)
         affinity = affinity_key(fields) if model.prefix_affinity else None
         # only the raw body is kept while the request waits or is forwarded: the
         # held-bytes budget counts it, and parsed JSON can cost many times its size
@@ -156,9 +130,10 @@ async def serve_inference(
             route=route.route,
             reply=reply,
             asked_as=name,
+            errors=route.errors,
         )
     except GatewayError as exc:
-        headers, body = exc.encoded()
+        headers, body = exc.encoded(route.errors)
         reply.send(exc.status, headers, body)
     finally:
         if metered is not None:

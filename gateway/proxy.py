@@ -33,7 +33,6 @@ replica's llama-server API key instead (`Endpoint.authorization`, see
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -47,7 +46,7 @@ from gateway.answer_model import (
     encoded_name,
     rename_model,
 )
-from gateway.errors import GatewayError
+from gateway.errors import ErrorShape, GatewayError
 from gateway.held import DEFAULT_MAX_HELD_BYTES, DEFAULT_MAX_WAITING_REQUESTS, HeldBytes
 from gateway.metrics import GatewayMetrics
 from gateway.registry import Endpoint, Lease, Model, ModelRegistry
@@ -124,6 +123,7 @@ class Proxy:
         reply: Reply,
         asked_as: str,
         affinity: bytes | None = None,
+        errors: ErrorShape = ErrorShape.OPENAI,
     ) -> None:
         """Answer `reply` from a replica of `model`, or raise GatewayError. The answer
         names the model `asked_as`, the name the client used; `affinity` (PrefixAffinity
@@ -162,6 +162,7 @@ class Proxy:
                     metrics=self.registry.metrics,
                     started=started,
                     asked_as=asked_as,
+                    errors=errors,
                 )
                 await relay.to(reply)
                 return
@@ -331,6 +332,7 @@ class Relay:
     metrics: GatewayMetrics
     started: float
     asked_as: str
+    errors: ErrorShape = ErrorShape.OPENAI  # the shape of an error the relay adds
 
     def response_headers(self) -> tuple[Headers, str | None]:
         """The replica's headers to pass on, and its content-length if it sent one."""
@@ -403,7 +405,7 @@ class Relay:
         )
 
     def _error_event(self, exc: httpx.HTTPError) -> bytes:
-        return b"data: " + json.dumps(self._error(exc).shape()).encode() + b"\n\n"
+        return self._error(exc).event(self.errors)
 
 
 def _queue_full(why: str) -> GatewayError:

@@ -34,10 +34,11 @@ from datetime import datetime
 from typing import Any
 
 from gateway.aliases import alias_owners
+from gateway.api_routes import serving_mode
 from gateway.deployment_status import cannot_start, not_serving_reason
 from gateway.metrics import GatewayMetrics, RequestSeries
 from gateway.routing import choose_endpoint
-from kama.api.deployment_choices import DEFAULT_SCALE_DOWN_WINDOW
+from kama.api.deployment_choices import DEFAULT_SCALE_DOWN_WINDOW, ServingMode
 from kama.autoscaling import report_period
 from kama.contracts import ObjectRef
 from kama.durations import parse_duration
@@ -100,6 +101,7 @@ class Model:
     requests_since_report: int = 0
     report_period_s: float = 60.0  # kama.autoscaling.report_period of its spec
     prefix_affinity: bool = False  # spec.routing.strategy PrefixAffinity
+    mode: ServingMode = ServingMode.GENERATION  # spec.runtime.mode: the routes it serves
     created: int = 0
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     slot_waiters: deque[SlotWaiter] = field(default_factory=deque)  # every replica full
@@ -239,6 +241,7 @@ class ModelRegistry:
             ),
         ).total_seconds()
         model.prefix_affinity = (spec.get("routing") or {}).get("strategy") == "PrefixAffinity"
+        model.mode = serving_mode((spec.get("runtime") or {}).get("mode"))
         model.reason = not_serving_reason(obj)
         model.cannot_start = cannot_start(obj)
         self._update_ready(model)  # held requests learn if it cannot start

@@ -31,7 +31,7 @@ from kama.api.deployment import (
     ResolvedProfile,
     Runtime,
 )
-from kama.api.deployment_choices import PlacementMode
+from kama.api.deployment_choices import POOLED_MODES, PlacementMode, ServingMode
 from kama.architectures import DIFFUSION_ARCHITECTURES
 from kama.conditions import ConditionUpdate
 from kama.durations import parse_duration
@@ -140,17 +140,25 @@ def model_facts(info: GGUFInfo) -> ModelFacts:
 
 
 def runtime_envelope(runtime: Runtime) -> RuntimeEnvelope:
-    batch = runtime.batch_size or DEFAULT_BATCH_SIZE
+    """The envelope `runtime` asks for. In a pooled mode (embeddings, reranking) every
+    input must fit one micro-batch, so both batch sizes default to the context."""
+    pooled = runtime.mode in POOLED_MODES
+    whole_input = runtime.context_size if pooled else None
+    batch = runtime.batch_size or whole_input or DEFAULT_BATCH_SIZE
+    micro = runtime.micro_batch_size or (
+        min(whole_input, batch) if whole_input else min(DEFAULT_MICRO_BATCH_SIZE, batch)
+    )
     return RuntimeEnvelope(
         context_size=runtime.context_size,
         concurrency=runtime.concurrency,
         kv_key_type=runtime.kv_cache.key_type,
         kv_value_type=runtime.kv_cache.value_type,
         batch_size=batch,
-        micro_batch_size=runtime.micro_batch_size or min(DEFAULT_MICRO_BATCH_SIZE, batch),
+        micro_batch_size=micro,
         flash_attention=runtime.flash_attention,
         threads=runtime.threads,
         prompt_cache_mib=prompt_cache_mib(runtime.prompt_cache_memory),
+        pooled=pooled,
     )
 
 
@@ -390,6 +398,8 @@ def decide_deployment(
         drain_timeout_s=parse_duration(spec.scaling.drain_timeout).total_seconds(),
         load_mode=load_mode(mlock=spec.runtime.expert.mlock, no_mmap=spec.runtime.expert.no_mmap),
         cache_reuse=spec.runtime.expert.cache_reuse,
+        mode=None if spec.runtime.mode is ServingMode.GENERATION else str(spec.runtime.mode),
+        pooling=None if spec.runtime.pooling is None else str(spec.runtime.pooling),
     )
     template = ServingTemplate(
         image=image,

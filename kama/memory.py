@@ -307,6 +307,7 @@ class RuntimeEnvelope:
     flash_attention: FlashAttention = FlashAttention.AUTO
     threads: int | None = None
     prompt_cache_mib: int | None = None  # --cache-ram; None = llama-server's own, uncounted
+    pooled: bool = False  # Embedding or Rerank: every token of a batch is an output
 
     def __post_init__(self) -> None:
         _require_positive(
@@ -392,6 +393,15 @@ def recurrent_state_bytes(
     """Recurrent state of ``layers`` (all when None) for every slot."""
     held = model.recurrent_layers if layers is None else model.recurrent_layers & set(layers)
     return len(held) * model.recurrent_bytes_per_layer * envelope.concurrency
+
+
+def output_bytes(*, model: ModelFacts, envelope: RuntimeEnvelope) -> int:
+    """The host's output buffer (``llama_context::output_reserve``): a logits row per
+    output, and in a pooled mode (embeddings, reranking) also an embedding row, every
+    token of a batch being an output there."""
+    if envelope.pooled:
+        return envelope.batch_size * (model.n_vocab + model.n_embd) * F32_BYTES
+    return output_count(envelope=envelope) * model.n_vocab * F32_BYTES
 
 
 def output_count(*, envelope: RuntimeEnvelope) -> int:
@@ -531,7 +541,7 @@ def estimate_memory(
         output = 0
         if is_host:
             weights += model.host_only_weight_bytes
-            output = output_count(envelope=envelope) * model.n_vocab * F32_BYTES
+            output = output_bytes(model=model, envelope=envelope)
             overhead = HOST_OVERHEAD_BYTES + model.n_vocab * (
                 VOCAB_BYTES_PER_TOKEN + SAMPLER_BYTES_PER_TOKEN * envelope.concurrency
             )

@@ -19,6 +19,9 @@ ARTIFACT_LAYOUT_ENV = "KAMA_ARTIFACT_LAYOUT"
 IN_PLACE_LAYOUT = "in-place"
 
 _FLASH_ATTN_FLAG = {"Auto": "auto", "On": "on", "Off": "off"}
+# runtime.mode (kama.api.deployment_choices.ServingMode) → llama-server's flag
+_MODE_FLAG = {"Embedding": ("--embeddings",), "Rerank": ("--reranking",)}
+_POOLING_FLAG = {"Mean": "mean", "CLS": "cls", "Last": "last", "None": "none"}
 # HTTP threads beyond one per slot: the supervisor's /health probe, the gateways'
 # /metrics and /slots polls, and a drain's /slots reads must never wait behind requests
 HTTP_THREADS_BEYOND_SLOTS = 4
@@ -52,6 +55,8 @@ class ServingPlan:
     load_mode: str | None = None  # --load-mode (runtime.expert.mlock / noMmap)
     cache_reuse: int | None = None  # --cache-reuse (runtime.expert.cacheReuse)
     prompt_cache_mib: int | None = None  # --cache-ram (runtime.promptCacheMemory)
+    mode: str | None = None  # runtime.mode beyond Generation: --embeddings, --reranking
+    pooling: str | None = None  # --pooling (runtime.pooling, Embedding mode)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -100,5 +105,8 @@ class ServingPlan:
             args += ["--cache-reuse", str(self.cache_reuse)]
         if self.prompt_cache_mib is not None:
             args += ["--cache-ram", str(self.prompt_cache_mib)]
+        args += _MODE_FLAG.get(self.mode or "", ())
+        if self.pooling is not None:
+            args += ["--pooling", _POOLING_FLAG[self.pooling]]
         args += ["--threads-http", str(self.concurrency + HTTP_THREADS_BEYOND_SLOTS)]
         return [*args, "--metrics", "--slots", "--no-context-shift", "--fit", "off"]

@@ -45,7 +45,7 @@ FINGERPRINT_CHARS: Final = 10
 MAX_NAME_PREFIX: Final = 40
 # ServingPlan and ServingTemplate fields that did not exist in the first release's
 # fingerprints
-PLAN_FIELDS_ADDED_LATER: Final = ("load_mode", "cache_reuse", "prompt_cache_mib")
+PLAN_FIELDS_ADDED_LATER: Final = ("load_mode", "cache_reuse", "prompt_cache_mib", "mode", "pooling")
 TEMPLATE_FIELDS_ADDED_LATER: Final = ("node",)
 
 

@@ -44,6 +44,8 @@ from kama.api.deployment_choices import (
     KVCacheType,
     PlacementMode,
     PlacementPolicy,
+    Pooling,
+    ServingMode,
 )
 from kama.api.meta import (
     WORKFLOW_ID_FIELD,
@@ -134,6 +136,12 @@ CONCURRENCY_NEEDS_CONTEXT: Final = CelRule(
     field_path=".contextSize",
     reason="FieldValueRequired",
 )
+POOLING_NEEDS_EMBEDDING: Final = CelRule(
+    rule="!has(self.pooling) || self.mode == 'Embedding'",
+    message="spec.runtime.pooling applies only to spec.runtime.mode Embedding",
+    field_path=".pooling",
+    reason="FieldValueForbidden",
+)
 UBATCH_NOT_ABOVE_BATCH: Final = CelRule(
     rule="!has(self.batchSize) || !has(self.microBatchSize) || self.microBatchSize <= self.batchSize",
     message="spec.runtime.microBatchSize must not exceed spec.runtime.batchSize",
@@ -146,9 +154,21 @@ class Runtime(SpecModel):
 
     model_config = ConfigDict(
         json_schema_extra=cel(
-            QUANTIZED_V_NEEDS_FLASH_ATTENTION, UBATCH_NOT_ABOVE_BATCH, CONCURRENCY_NEEDS_CONTEXT
+            QUANTIZED_V_NEEDS_FLASH_ATTENTION,
+            UBATCH_NOT_ABOVE_BATCH,
+            CONCURRENCY_NEEDS_CONTEXT,
+            POOLING_NEEDS_EMBEDDING,
         )
     )
+
+    mode: ServingMode = ServingMode.GENERATION
+    """What llama-server serves: Generation (chat, completions, Responses, Messages),
+    Embedding (/v1/embeddings) or Rerank (/v1/rerank); the gateway refuses the routes
+    of the other modes. In Embedding and Rerank every input must fit one micro-batch:
+    batchSize and microBatchSize default to contextSize there."""
+    pooling: Pooling | None = None
+    """Embedding mode: how token embeddings become one vector; omitted = the model's
+    own (its GGUF's pooling type)."""
 
     context_size: int | None = Field(default=None, ge=128, le=MAX_CONTEXT)
     """Tokens of context per request; omitted = the model's native context (and concurrency 1)."""
@@ -170,6 +190,8 @@ class Runtime(SpecModel):
     def _context_for_concurrency(self) -> Runtime:
         if self.concurrency > 1 and self.context_size is None:
             raise ValueError(CONCURRENCY_NEEDS_CONTEXT.message)
+        if self.pooling is not None and self.mode is not ServingMode.EMBEDDING:
+            raise ValueError(POOLING_NEEDS_EMBEDDING.message)
         return self
 
 

@@ -15,10 +15,13 @@ __all__ = [
     "DEFAULT_SCALE_DOWN_WINDOW",
     "DEFAULT_SCALE_UP_WINDOW",
     "DEFAULT_TARGET_PERCENT",
+    "POOLED_MODES",
     "FlashAttention",
     "KVCacheType",
     "PlacementMode",
     "PlacementPolicy",
+    "Pooling",
+    "ServingMode",
 ]
 
 DEFAULT_TARGET_PERCENT: Final = 80
@@ -74,3 +77,34 @@ class FlashAttention(StrEnum):
     AUTO = "Auto"
     ON = "On"
     OFF = "Off"
+
+
+class ServingMode(StrEnum):
+    """What a deployment's llama-server serves (``runtime.mode``).
+
+    * Generation: completions and chat (OpenAI, Responses, Anthropic Messages) and
+      llama-server's native generation routes.
+    * Embedding: ``--embeddings``: ``/v1/embeddings`` (one vector per input, pooled
+      as ``runtime.pooling`` or the model says).
+    * Rerank: ``--reranking``: ``/v1/rerank`` and ``/rerank`` (a relevance score per
+      document; the model needs a ranking head).
+
+    Every mode also serves ``/tokenize`` and ``/detokenize``."""
+
+    GENERATION = "Generation"
+    EMBEDDING = "Embedding"
+    RERANK = "Rerank"
+
+
+POOLED_MODES: Final = frozenset({ServingMode.EMBEDDING, ServingMode.RERANK})
+"""Modes whose every input token is an output (pooled into one vector or score), so an
+input must fit one micro-batch."""
+
+
+class Pooling(StrEnum):
+    """How an embedding deployment pools token embeddings (llama-server ``--pooling``)."""
+
+    MEAN = "Mean"
+    CLS = "CLS"
+    LAST = "Last"
+    NONE = "None"

@@ -103,5 +103,47 @@ def test_every_rendered_flag_exists_in_the_pinned_llama_cpp(generated: Path) -> 
         promptCacheMemory="64Mi",
         expert={"mlock": True, "cacheReuse": 64},
     )
+    args += rendered(generated, mode="Embedding", pooling="Mean", contextSize=512)
+    args += rendered(generated, mode="Rerank", contextSize=512)
     flags = [a for a in args if a.startswith("--")]
     assert flags and set(flags) <= known, sorted(set(flags) - known)
+
+
+@pytest.mark.parametrize(
+    ("runtime", "flags"),
+    [
+        ({}, []),
+        ({"mode": "Embedding"}, ["--embeddings"]),
+        ({"mode": "Embedding", "pooling": "CLS"}, ["--embeddings", "--pooling", "cls"]),
+        ({"mode": "Rerank"}, ["--reranking"]),
+    ],
+)
+def test_the_serving_mode_reaches_llama_server(
+    generated: Path, runtime: dict[str, Any], flags: list[str]
+) -> None:
+    args = rendered(generated, contextSize=512, **runtime)
+    mode_flags = [a for a in args if a in ("--embeddings", "--reranking", "--pooling")]
+    assert mode_flags == [f for f in flags if f.startswith("--")]
+    if "--pooling" in flags:
+        assert flag_value(args, "--pooling") == flags[-1]
+
+
+def test_a_pooled_mode_fits_a_whole_input_in_one_batch_and_counts_its_outputs(
+    generated: Path,
+) -> None:
+    """Embedding and rerank inputs are processed whole (every token an output): the
+    batch sizes default to the context, and the estimate counts the larger compute
+    and output buffers that makes."""
+    pooled = rendered(generated, mode="Embedding", contextSize=2048)
+    assert flag_value(pooled, "--batch-size") == flag_value(pooled, "--ubatch-size") == "2048"
+    generation = memory_request(generated, contextSize=2048)
+    assert memory_request(generated, mode="Embedding", contextSize=2048) > generation
+    explicit = rendered(generated, mode="Rerank", contextSize=2048, microBatchSize=256)
+    assert flag_value(explicit, "--ubatch-size") == "256"
+
+
+def test_pooling_belongs_to_the_embedding_mode() -> None:
+    with pytest.raises(ValueError, match="pooling applies only"):
+        ModelDeploymentSpec.model_validate(
+            {"modelRef": {"name": "m"}, "runtime": {"mode": "Rerank", "pooling": "Mean"}}
+        )

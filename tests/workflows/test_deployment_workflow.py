@@ -301,3 +301,20 @@ async def test_replicas_of_an_artifact_on_a_local_volume_run_on_its_node(
         ]
         on_a = [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]
         assert pinned == [on_a, on_a]
+
+
+async def test_desired_replicas_follow_min_replicas(time_skipping: TimeSkippingServer) -> None:
+    """`kubectl get md` shows what Kama converges to: with `minReplicas: 1`, a spec
+    at zero replicas is served by one replica and DESIRED says 1, not 0."""
+    async with staged(time_skipping) as stage:
+        deployment = await scenarios.start_deployment(
+            stage, "floor", scenarios.deployment_spec(replicas=0, minReplicas=1, maxReplicas=2)
+        )
+        await stage.until(
+            lambda: deployment.status(stage).get("readyReplicas") == 1,
+            within=timedelta(minutes=1),
+            what="one ready replica for minReplicas 1",
+        )
+        status = deployment.status(stage)
+        assert (status["desiredReplicas"], status["ready"]) == (1, "1/1")
+        assert len(stage.cluster.pods) == 1

@@ -1,0 +1,241 @@
+"""Everything llama-server serves, through Kama: every inference route answers through
+the gateway what the replica answers when called straight (status and body, apart
+from ids, timestamps, timings and the model, which names what the client asked for),
+streamed and not; the real `openai` client speaks Chat and Responses to it and the
+real `anthropic` client Messages; embedding and rerank deployments serve their
+routes, and a route a deployment's mode does not serve is refused with a 400 naming
+the mode, in the route's API's error shape."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from kama.serving_plan import LLAMA_PORT
+from tests.conftest import GatewayProcess, fresh_namespace
+from tests.integration.test_gateway import client, serve
+from tests.integration.test_serving_plane import routable, serving_pods, wait_ready
+from tests.support import serving_headers
+
+VARYING = frozenset(
+    {"id", "item_id", "created", "created_at", "completed_at", "timings", "system_fingerprint"}
+)
+"""Fields that differ between two identical requests (and `model`, renamed)."""
+GREEDY = {"temperature": 0, "seed": 7, "cache_prompt": False}
+MESSAGES: Any = [{"role": "user", "content": "Say something about pandas."}]
+"""One user turn (typed loosely: it is sent through the OpenAI and Anthropic clients)."""
+
+
+def normalized(value: Any) -> Any:
+    """`value` without the fields that differ between two identical requests; the
+    model's name is kept apart (the gateway renames it on purpose)."""
+    if isinstance(value, dict):
+        return {k: normalized(v) for k, v in value.items() if k not in VARYING and k != "model"}
+    if isinstance(value, list):
+        return [normalized(v) for v in value]
+    return value
+
+
+def models_named(value: Any) -> list[str]:
+    """Every "model" string in `value` (the answer's, or the event's carried object's)."""
+    if isinstance(value, dict):
+        found = [v for k, v in value.items() if k == "model" and isinstance(v, str)]
+        return found + [m for v in value.values() for m in models_named(v)]
+    if isinstance(value, list):
+        return [m for v in value for m in models_named(v)]
+    return []
+
+
+def parsed(response: httpx.Response) -> Any:
+    """A JSON answer, or a server-sent event stream as its (event, data) pairs."""
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        events: list[tuple[str | None, Any]] = []
+        name: str | None = None
+        for line in response.text.splitlines():
+            if line.startswith("event:"):
+                name = line[6:].strip()
+            elif line.startswith("data:"):
+                data = line[5:].strip()
+                events.append((name, data if data == "[DONE]" else json.loads(data)))
+                name = None
+        return events
+    return response.json()
+
+
+class Replica:
+    """One ready replica of a deployment, called straight and through the gateway."""
+
+    def __init__(self, gw: GatewayProcess, namespace: str, name: str) -> None:
+        (self.pod,) = routable(serving_pods(gw.control, namespace, name))
+        self.gw, self.model = gw, f"{namespace}/{name}"
+
+    def both(
+        self, path: str, body: dict[str, Any], *, native: bool = False
+    ) -> tuple[httpx.Response, httpx.Response]:
+        ip = self.pod["status"]["podIP"]
+        straight = httpx.post(
+            f"http://{ip}:{LLAMA_PORT}{path}",
+            json=body,
+            headers=serving_headers(self.pod),
+            timeout=120,
+        )
+        headers = {"X-Kama-Model": self.model} if native else {}
+        through = httpx.post(
+            f"{self.gw.url}{path}",
+            json={**body, "model": self.model} if not native else body,
+            headers=headers,
+            timeout=120,
+        )
+        return straight, through
+
+    def same(self, path: str, body: dict[str, Any], *, native: bool = False) -> Any:
+        """Send `body` both ways and check the answers are the same; the gateway's."""
+        straight, through = self.both(path, body, native=native)
+        assert through.status_code == straight.status_code, (path, through.text, straight.text)
+        assert normalized(parsed(through)) == normalized(parsed(straight)), path
+        named = models_named(parsed(through))
+        assert set(named) <= {self.model}, f"{path} names {named}, not the model asked for"
+        return parsed(through)
+
+
+@pytest.fixture(scope="module")
+def generation(
+    gateway: GatewayProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Replica]:
+    """One generation deployment every route test of this module calls."""
+    namespaces = fresh_namespace(gateway.control.stack, prefix="routes")
+    namespace = next(namespaces)
+    serve(
+        gateway, namespace, tmp_path_factory.mktemp("routes"), "chat", 91,
+        replicas=1, runtime={"contextSize": 2048, "concurrency": 2}, resources={"cpu": "100m"},
+    )  # fmt: skip
+    wait_ready(gateway.control, namespace, "chat", 1)
+    yield Replica(gateway, namespace, "chat")
+    next(namespaces, None)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 8, **GREEDY}),
+        ("/v1/completions", {"prompt": "Once upon", "max_tokens": 8, **GREEDY}),
+        ("/v1/responses", {"input": "Say something.", "max_output_tokens": 8, **GREEDY}),
+        ("/v1/messages", {"messages": MESSAGES, "max_tokens": 8, **GREEDY}),
+    ],
+    ids=["chat", "completions", "responses", "messages"],
+)
+def test_generation_routes_answer_as_the_replica_does(
+    generation: Replica, path: str, body: dict[str, Any], stream: bool
+) -> None:
+    answer = generation.same(path, {**body, "stream": stream})
+    if stream:
+        assert len(answer) > 2, "a stream of events"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "native"),
+    [
+        ("/v1/messages/count_tokens", {"messages": MESSAGES}, False),
+        ("/apply-template", {"messages": MESSAGES}, True),
+        ("/infill", {"input_prefix": "def f(", "input_suffix": ")", "n_predict": 4, **GREEDY}, True),
+        ("/tokenize", {"content": "hello pandas"}, True),
+        ("/detokenize", {"tokens": [300, 301, 302]}, True),
+        ("/completion", {"prompt": "Once upon", "n_predict": 4, **GREEDY}, True),
+    ],
+    ids=["count_tokens", "apply-template", "infill", "tokenize", "detokenize", "completion"],
+)  # fmt: skip
+def test_token_and_native_routes_answer_as_the_replica_does(
+    generation: Replica, path: str, body: dict[str, Any], native: bool
+) -> None:
+    generation.same(path, body, native=native)
+
+
+def test_errors_are_the_replicas_or_in_the_apis_shape(generation: Replica) -> None:
+    """A request llama-server refuses is refused the same through the gateway; the
+    gateway's own refusals of Anthropic routes are Anthropic-shaped."""
+    generation.same("/v1/messages", {"max_tokens": 4})  # no messages: llama-server's error
+    missing = httpx.post(
+        f"{generation.gw.url}/v1/messages",
+        json={"model": "nowhere/nope", "max_tokens": 4, "messages": MESSAGES},
+        timeout=30,
+    )
+    assert missing.status_code == 404
+    assert missing.json()["type"] == "error"
+    assert missing.json()["error"]["type"] == "not_found_error"
+
+
+def test_the_real_clients_speak_chat_responses_and_messages(generation: Replica) -> None:
+    api = client(generation.gw)
+    model = generation.model
+    chat = api.chat.completions.create(model=model, messages=MESSAGES, max_tokens=6)
+    assert chat.model == model and chat.choices[0].message.content
+    response = api.responses.create(model=model, input="Say something.", max_output_tokens=6)
+    assert response.model == model and response.output_text
+    events = list(
+        api.responses.create(model=model, input="Say something.", max_output_tokens=6, stream=True)
+    )
+    assert events[-1].type == "response.completed"
+    assert any(e.type == "response.output_text.delta" for e in events)
+
+    claude = anthropic.Anthropic(
+        base_url=generation.gw.url, api_key="unused", max_retries=0, timeout=120
+    )
+    message = claude.messages.create(model=model, max_tokens=6, messages=MESSAGES)
+    assert message.model == model and message.content and message.stop_reason
+    with claude.messages.stream(model=model, max_tokens=6, messages=MESSAGES) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert final.model == model and text == "".join(
+        block.text for block in final.content if block.type == "text"
+    )
+    counted = claude.messages.count_tokens(model=model, messages=MESSAGES)
+    assert counted.input_tokens > 0
+    with pytest.raises(anthropic.NotFoundError):
+        claude.messages.create(model="nowhere/nope", max_tokens=4, messages=MESSAGES)
+
+
+def test_embedding_and_rerank_deployments_serve_their_routes_only(
+    gateway: GatewayProcess, namespace: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    for name, mode, seed in (("vectors", "Embedding", 92), ("ranks", "Rerank", 93)):
+        serve(
+            gateway, namespace, tmp_path_factory.mktemp(name), name, seed,
+            replicas=1, runtime={"contextSize": 1024, "mode": mode}, resources={"cpu": "100m"},
+        )  # fmt: skip
+    for name in ("vectors", "ranks"):
+        wait_ready(gateway.control, namespace, name, 1)
+    vectors, ranks = Replica(gateway, namespace, "vectors"), Replica(gateway, namespace, "ranks")
+
+    embedded = vectors.same("/v1/embeddings", {"input": ["hello pandas", "bears"]})
+    assert len(embedded["data"]) == 2 and len(embedded["data"][0]["embedding"]) > 8
+    api = client(gateway)
+    sdk = api.embeddings.create(model=vectors.model, input="hello pandas")
+    assert sdk.model == vectors.model and len(sdk.data[0].embedding) > 8
+
+    query = {"query": "what is a panda", "documents": ["hi", "the giant panda is a bear"]}
+    ranked = ranks.same("/v1/rerank", query)
+    assert sorted(r["index"] for r in ranked["results"]) == [0, 1]
+    ranks.same("/rerank", query, native=True)
+
+    refused = httpx.post(
+        f"{gateway.url}/v1/chat/completions",
+        json={"model": vectors.model, "messages": MESSAGES},
+        timeout=30,
+    )
+    assert refused.status_code == 400
+    assert "served in Embedding mode" in refused.json()["error"]["message"]
+    with pytest.raises(anthropic.BadRequestError, match="Rerank mode"):
+        anthropic.Anthropic(base_url=gateway.url, api_key="unused", max_retries=0).messages.create(
+            model=ranks.model,
+            max_tokens=4,
+            messages=MESSAGES,
+        )
+    with pytest.raises(openai.BadRequestError, match="Rerank mode"):
+        api.embeddings.create(model=ranks.model, input="x")
