@@ -532,9 +532,19 @@ def _fit_failed_message(
 
 
 def _degraded_reason(
-    *, chosen: _Candidate, placement: Placement, rejected: Sequence[Rejection], full: int
+    *,
+    chosen: _Candidate,
+    placement: Placement,
+    rejected: Sequence[Rejection],
+    full: int,
+    gpus_anywhere: bool,
 ) -> str | None:
+    """Why the chosen placement is less than asked, or None: a whole-GPU placement
+    never is, CPU is what CPU asked for, and Auto on a cluster without a GPU asked for
+    nothing more than CPU (degraded means less than asked)."""
     if chosen.mode is ProfileMode.GPU or placement.mode is PlacementMode.CPU:
+        return None
+    if placement.mode is PlacementMode.AUTO and not gpus_anywhere:
         return None
     closest = _closest(rejected=rejected, modes={ProfileMode.GPU})
     if chosen.mode is ProfileMode.HYBRID:
@@ -617,7 +627,11 @@ def plan_placement(
         estimate=chosen.estimate,
         envelope=envelope,
         degraded_reason=_degraded_reason(
-            chosen=chosen, placement=placement, rejected=rejected, full=full
+            chosen=chosen,
+            placement=placement,
+            rejected=rejected,
+            full=full,
+            gpus_anywhere=any(node.gpu_count for node in nodes),
         ),
     )
     return PlacementPlan(

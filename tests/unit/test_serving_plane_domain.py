@@ -277,10 +277,19 @@ def test_decision_prefers_gpu_and_templates_the_pod(generated: Path) -> None:
 
 def test_decision_cpu_fallback_is_degraded_and_fit_failure_has_numbers(generated: Path) -> None:
     auto = ModelDeploymentSpec.model_validate({"modelRef": {"name": "m"}})
+    tiny_gpu = node("g", memory="1Gi", gpus=1, product="NVIDIA-T4", gpu_mib=1)
     decision = decide_deployment(
-        spec=auto, artifact=artifact_status(generated), nodes=[node("a", memory="8Gi")], image="i"
+        spec=auto,
+        artifact=artifact_status(generated),
+        nodes=[node("a", memory="8Gi"), tiny_gpu],
+        image="i",
     )
     assert decision.degraded_reason and "CPU" in decision.degraded_reason
+    # Auto on a cluster without a GPU asked for nothing more than CPU: not degraded
+    no_gpus = decide_deployment(
+        spec=auto, artifact=artifact_status(generated), nodes=[node("a", memory="8Gi")], image="i"
+    )
+    assert no_gpus.profile is not None and no_gpus.degraded_reason is None
     # CPU when CPU is what was asked is not degraded (only a fallback from the ask is)
     cpu = ModelDeploymentSpec.model_validate(
         {"modelRef": {"name": "m"}, "placement": {"mode": "CPU"}}
@@ -447,8 +456,13 @@ def test_degraded_only_for_a_fallback_from_what_was_asked(generated: Path) -> No
     asked = degraded_condition(profile=profile_for("CPU", cpu_node), asked=PlacementMode.CPU)
     assert asked[1:3] == (False, "AsRequested")
     assert "placement.mode CPU" in asked[3] and "CPU" in asked[3] and "GPU" not in asked[3]
-    fallback = degraded_condition(profile=profile_for("Auto", cpu_node), asked=PlacementMode.AUTO)
+    small_gpu = node("s", memory="1Gi", gpus=1, product="NVIDIA-T4", gpu_mib=1)
+    fallback = degraded_condition(
+        profile=profile_for("Auto", cpu_node, small_gpu), asked=PlacementMode.AUTO
+    )
     assert fallback[1:3] == (True, "CPUPlacement") and "CPU only" in fallback[3]
+    gpu_less = degraded_condition(profile=profile_for("Auto", cpu_node), asked=PlacementMode.AUTO)
+    assert gpu_less[1:3] == (False, "AsRequested"), "Auto without a GPU anywhere"
     gpu = degraded_condition(profile=profile_for("Auto", gpu_node), asked=PlacementMode.AUTO)
     assert gpu[1:] == (False, "FullGPU", "the whole model is on GPU")
 
