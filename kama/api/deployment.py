@@ -24,6 +24,8 @@ wins:
   not failed.
 
 A CPU or hybrid fallback (`Degraded=True`) is still Ready: it serves, more slowly.
+Degraded means less than asked: CPU when `placement.mode` is CPU, or Auto on a
+cluster without a GPU, is not a fallback.
 """
 
 from __future__ import annotations
