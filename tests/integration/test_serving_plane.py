@@ -397,7 +397,7 @@ def test_unready_artifact_and_fit_failure_create_no_pods(
     found = condition(orphan, "ArtifactReady")
     assert found is not None
     assert "missing" in found["message"]
-    assert_ready(orphan, "False", "ArtifactNotReady")
+    assert_ready(orphan, "False", "ArtifactMissing")
 
     ready_artifact(control, namespace, tmp_path, name="small", seed=63)
     apply(
