@@ -5,7 +5,7 @@ export UV_PYTHON_DOWNLOADS := never
 UV_VERSION := 0.13.8
 VENV := .venv/bin
 
-.PHONY: setup deps binaries helm images dev test lint typecheck pytest bench
+.PHONY: setup deps binaries helm images dev test lint typecheck pytest newest-python bench
 
 setup: deps binaries
 
@@ -42,7 +42,11 @@ typecheck: deps
 pytest: setup
 	$(VENV)/pytest -p no:cacheprovider
 
-test: lint typecheck pytest
+# the pure tests on the newest Python the package supports, and `uv tool install .`
+newest-python: deps
+	bash deploy/local/test-newest-python.sh
+
+test: lint typecheck pytest newest-python
 
 bench: setup
 	$(VENV)/pytest -p no:cacheprovider -o python_files="bench_*.py" tests/bench -s
