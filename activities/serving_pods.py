@@ -43,6 +43,7 @@ from kama.tenancy import TenancyPolicy
 class InputsRequest:
     namespace: str
     artifact: str
+    draft: str | None = None  # spec.runtime.draftModelRef
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class DeploymentInputs:
     nodes: list[dict[str, Any]]
     # where pods mount the artifact's claim, when only one node at a time can
     claim_nodes: list[str] = field(default_factory=list)
+    draft_status: dict[str, Any] | None = None  # None: no draft asked, or it does not exist
 
 
 @dataclass(frozen=True)
@@ -182,13 +184,12 @@ class ServingPodActivities:
 
     @activity.defn(name="Read artifact and nodes")
     def read_inputs(self, request: InputsRequest) -> DeploymentInputs:
-        target = KubeTarget(resource=ARTIFACTS, namespace=request.namespace, name=request.artifact)
-        artifact_status: dict[str, Any] | None = None
-        with suppress(NotFound), kube_call(verb="get", target=target):
-            artifact = self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, request.namespace, ARTIFACTS, request.artifact
-            )
-            artifact_status = artifact.get("status") or {}
+        artifact_status = self._artifact_status(request.namespace, request.artifact)
+        draft_status = (
+            None
+            if request.draft is None
+            else self._artifact_status(request.namespace, request.draft)
+        )
         with kube_call(verb="list", target=KubeTarget(resource="nodes")):
             listed = self.core.list_node().items
         nodes = self.api.sanitize_for_serialization(listed)
@@ -196,7 +197,18 @@ class ServingPodActivities:
             artifact_status=artifact_status,
             nodes=[_node_facts(n) for n in nodes],
             claim_nodes=self._claim_nodes(request.namespace, artifact_status),
+            draft_status=draft_status,
         )
+
+    def _artifact_status(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The status of the ModelArtifact `name` in `namespace`; None if it does not exist."""
+        target = KubeTarget(resource=ARTIFACTS, namespace=namespace, name=name)
+        with suppress(NotFound), kube_call(verb="get", target=target):
+            artifact = self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, ARTIFACTS, name
+            )
+            return dict(artifact.get("status") or {})
+        return None
 
     def _claim_nodes(self, namespace: str, artifact_status: dict[str, Any] | None) -> list[str]:
         """The nodes where pods mount the artifact's claim, if it is one that only one

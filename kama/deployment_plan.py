@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from kama.api import GGUFInfo, ModelArtifactStatus
+from kama.api import GGUFInfo, ModelArtifactStatus, ServingLocation
 from kama.api.deployment import (
     DeploymentCondition,
     MemoryBreakdown,
@@ -33,6 +33,7 @@ from kama.api.deployment import (
 )
 from kama.api.deployment_choices import POOLED_MODES, PlacementMode, ServingMode
 from kama.architectures import DIFFUSION_ARCHITECTURES
+from kama.cache_layout import BLOBS_DIR
 from kama.conditions import ConditionUpdate
 from kama.durations import parse_duration
 from kama.gguf.shards import parse_shard_name
@@ -40,6 +41,7 @@ from kama.memory import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MICRO_BATCH_SIZE,
     MIB,
+    Companions,
     DeviceEstimate,
     ModelFacts,
     RuntimeEnvelope,
@@ -55,7 +57,7 @@ from kama.planner import (
 )
 from kama.quantities import parse_bytes
 from kama.reasons import DeploymentReason as R
-from kama.serving_plan import ServingPlan, load_mode
+from kama.serving_plan import DRAFT_DIR, CompanionArtifact, ServingPlan, load_mode
 from kama.serving_pod import ServingTemplate
 
 MAX_REJECTED_IN_STATUS: Final = 64
@@ -346,6 +348,51 @@ def _rejected_status(plan: PlacementPlan) -> list[dict[str, Any]]:
     ]
 
 
+def projector_bytes(artifact: ModelArtifactStatus) -> int:
+    """The size of the artifact's multimodal projector file, 0 without one."""
+    if artifact.projector is None:
+        return 0
+    sizes = [f.size for f in artifact.files if f.path == artifact.projector]
+    if not sizes:
+        raise ArtifactNotUsable(f"artifact status lists no file {artifact.projector} (projector)")
+    return sizes[0]
+
+
+def _usable(artifact: ModelArtifactStatus, *, what: str) -> tuple[GGUFInfo, ServingLocation, str]:
+    if artifact.gguf is None or artifact.serving_location is None or not artifact.manifest_digest:
+        raise ArtifactNotUsable(f"{what} status lacks gguf facts, servingLocation or digest")
+    return (
+        artifact.gguf,
+        artifact.serving_location,
+        artifact.manifest_digest.removeprefix("sha256:"),
+    )
+
+
+def draft_companion(*, name: str, artifact: ModelArtifactStatus) -> CompanionArtifact:
+    """The draft model's artifact as the serving pod mounts and checks it."""
+    _, location, digest = _usable(artifact, what=f"draft artifact {name}")
+    return CompanionArtifact(
+        name=name,
+        entrypoint=entrypoint_of(artifact),
+        manifest_digest=digest,
+        mount=DRAFT_DIR,
+        in_place=location.sub_path != f"{BLOBS_DIR}/{digest}",
+    )
+
+
+def _draft_facts(*, model: ModelFacts, name: str, artifact: ModelArtifactStatus) -> ModelFacts:
+    """The draft's facts; one of another vocabulary is refused (llama-server would
+    refuse it at load, after the pod was scheduled)."""
+    info, _, _ = _usable(artifact, what=f"draft artifact {name}")
+    draft = model_facts(info)
+    if draft.n_vocab != model.n_vocab:
+        raise ArtifactNotUsable(
+            f"draft artifact {name} has a vocabulary of {draft.n_vocab} tokens, the model "
+            f"{model.n_vocab}: a draft must share the model's vocabulary"
+        )
+    return draft
+
+
 def decide_deployment(
     *,
     spec: ModelDeploymentSpec,
@@ -353,16 +400,28 @@ def decide_deployment(
     nodes: Sequence[Mapping[str, Any]],
     image: str,
     claim_nodes: Sequence[str] = (),
+    draft: ModelArtifactStatus | None = None,
 ) -> DeploymentDecision:
     """Plan one replica and build its template; FitFailed gives no template.
 
     `claim_nodes`: where pods already mount the artifact's claim: a claim one node at
-    a time can mount keeps every replica on one node."""
-    if artifact.gguf is None or artifact.serving_location is None or not artifact.manifest_digest:
-        raise ArtifactNotUsable("artifact status lacks gguf facts, servingLocation or digest")
-    facts = model_facts(artifact.gguf)
+    a time can mount keeps every replica on one node. `draft`: the status of
+    `spec.runtime.draftModelRef`'s artifact, Ready."""
+    info, _, _ = _usable(artifact, what="artifact")
+    facts = model_facts(info)
+    draft_name = spec.runtime.draft_model_ref
+    draft_facts = None
+    if draft_name is not None:
+        if draft is None:
+            raise ArtifactNotUsable(f"draft artifact {draft_name} is not Ready")
+        draft_facts = _draft_facts(model=facts, name=draft_name, artifact=draft)
+    facts = replace(
+        facts,
+        loaded_with=Companions(projector_bytes=projector_bytes(artifact), draft=draft_facts),
+    )
     envelope = runtime_envelope(spec.runtime)
     location = artifact.serving_location
+    assert location is not None and artifact.manifest_digest is not None
     allowed = nodes_that_mount(affinity=location.node_affinity, nodes=nodes)
     one_node = mounted_by_one_node(location.access_modes)
     if one_node and claim_nodes:
@@ -400,6 +459,8 @@ def decide_deployment(
         cache_reuse=spec.runtime.expert.cache_reuse,
         mode=None if spec.runtime.mode is ServingMode.GENERATION else str(spec.runtime.mode),
         pooling=None if spec.runtime.pooling is None else str(spec.runtime.pooling),
+        projector=artifact.projector,
+        **_draft_plan(spec=spec, name=draft_name, artifact=draft, on_gpu=profile.gpus_per_replica),
     )
     template = ServingTemplate(
         image=image,
@@ -417,10 +478,35 @@ def decide_deployment(
             for t in spec.placement.tolerations
         ],
         node=profile.node if one_node else None,
+        draft_claim_name=None if draft is None else _usable(draft, what="draft")[1].claim_name,
+        draft_sub_path=None if draft is None else _usable(draft, what="draft")[1].sub_path,
     )
     return DeploymentDecision(
         plan=plan, template=template, profile=_profile_status(profile), rejected=rejected
     )
+
+
+def _draft_plan(
+    *,
+    spec: ModelDeploymentSpec,
+    name: str | None,
+    artifact: ModelArtifactStatus | None,
+    on_gpu: int,
+) -> dict[str, Any]:
+    """The ServingPlan fields of the draft model, none without one."""
+    if name is None or artifact is None:
+        return {}
+    companion = draft_companion(name=name, artifact=artifact)
+    layers = artifact.gguf.layers if artifact.gguf and artifact.gguf.layers else 0
+    return {
+        "draft_name": companion.name,
+        "draft_entrypoint": companion.entrypoint,
+        "draft_manifest_digest": companion.manifest_digest,
+        "draft_in_place": companion.in_place,
+        "draft_gpu_layers": layers + 1 if on_gpu else 0,
+        "draft_max": spec.runtime.draft_max_tokens,
+        "draft_min": spec.runtime.draft_min_tokens,
+    }
 
 
 def describe_profile(profile: Profile) -> str:

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from functools import cached_property
 from types import MappingProxyType
@@ -118,6 +118,9 @@ SentencePiece vocabularies. Calibrated on generated models of 32k, 128k and 256k
 tokens (the architecture zoo's vocabularies have 128); 262,144 tokens cost 44 MiB."""
 
 UNMODELLED_SHARE: Final = 3
+PROJECTOR_COMPUTE_SHARE: Final = 1
+"""Image encoding's compute buffer, as a multiple of the projector's weights (an
+allowance: llama.cpp sizes it from the vision tower's patches and heads)."""
 """The conservative rule for an architecture whose memory ``kama.architectures`` does
 not fully size (``ModelFacts.unmodelled``: sparse-attention indexers, linear-attention
 chunk buffers, ...): each device adds ``UNMODELLED_SHARE`` times its modelled compute
@@ -175,6 +178,28 @@ def _require_positive(*, owner: str, values: Mapping[str, int | None]) -> None:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Companions:
+    """What llama-server loads next to the model, counted with it.
+
+    - ``projector_bytes``: a multimodal projector (``--mmproj``). Its weights go where
+      the model's output layer goes (llama-server offloads the projector to the first
+      GPU); encoding an image needs a compute buffer that grows with the vision
+      tower's patches and heads, which its file does not summarise: the estimate
+      counts ``PROJECTOR_COMPUTE_SHARE`` times the weights for it, a stated allowance.
+    - ``draft``: a draft model for speculative decoding. It has its own KV cache with
+      the model's context and precision and is estimated as a model of its own, all on
+      the first GPU when the replica has one, else on the host.
+    """
+
+    projector_bytes: int = 0
+    draft: ModelFacts | None = None
+
+    def __post_init__(self) -> None:
+        if self.projector_bytes < 0:
+            raise ValueError(f"Companions.projector_bytes must be >= 0: {self.projector_bytes}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelFacts:
     """What the estimator needs from a model. Built from the artifact's ``status.gguf``
     by ``kama.deployment_plan.model_facts``, the one path production, the tests and the
@@ -212,6 +237,8 @@ class ModelFacts:
     """What of the architecture's memory is not sized here: the estimate then adds an
     allowance (``UNMODELLED_SHARE``) and says so."""
     unmodelled_floor_bytes: int = 0
+    loaded_with: Companions = field(default_factory=Companions)
+    """What llama-server loads next to the model (a projector, a draft model)."""
 
     def __post_init__(self) -> None:
         _require_positive(
@@ -454,11 +481,13 @@ class DeviceEstimate:
     recurrent_bytes: int = 0
     output_bytes: int = 0  # the host's logits buffer
     unmodelled_bytes: int = 0  # the conservative allowance (UNMODELLED_SHARE)
+    companion_bytes: int = 0  # a projector and a draft model (Companions)
 
     @property
     def total_bytes(self) -> int:
         return (
-            self.weights_bytes
+            self.companion_bytes
+            + self.weights_bytes
             + self.kv_bytes
             + self.recurrent_bytes
             + self.compute_bytes
@@ -514,6 +543,33 @@ def _compute_bytes(
     return total
 
 
+def companion_bytes(
+    *, model: ModelFacts, envelope: RuntimeEnvelope, gpus: int, on_first_gpu: bool
+) -> int:
+    """Bytes of `model`'s companions on one device: the host (``gpus`` 0 or
+    ``on_first_gpu`` False for the host of a GPU replica) or the replica's first GPU.
+    A GPU replica's draft keeps only what never leaves the host there."""
+    extra = model.loaded_with
+    total = 0
+    if on_first_gpu or not gpus:
+        total += extra.projector_bytes * (1 + PROJECTOR_COMPUTE_SHARE)
+    draft = extra.draft
+    if draft is None:
+        return total
+    alone = replace(envelope, prompt_cache_mib=None)  # the server's one prompt cache
+    estimate = estimate_memory(
+        model=draft,
+        envelope=alone,
+        n_gpu_layers=draft.n_layer + 1 if gpus else 0,
+        gpus=min(gpus, 1),
+    )
+    if on_first_gpu:
+        return total + estimate.gpus[0].total_bytes - CUDA_CONTEXT_RESERVE_BYTES
+    if gpus:  # this is the host of a GPU replica
+        return total + estimate.host.total_bytes - CUDA_HOST_RUNTIME_BYTES - HOST_OVERHEAD_BYTES
+    return total + estimate.host.total_bytes - HOST_OVERHEAD_BYTES
+
+
 def estimate_memory(
     *,
     model: ModelFacts,
@@ -562,7 +618,11 @@ def estimate_memory(
         if model.unmodelled is not None:
             unmodelled = UNMODELLED_SHARE * compute
             unmodelled += model.unmodelled_floor_bytes if is_host else 0
+        companions = companion_bytes(
+            model=model, envelope=envelope, gpus=gpus, on_first_gpu=where == 0
+        )
         return DeviceEstimate(
+            companion_bytes=companions,
             weights_bytes=weights,
             kv_bytes=kv,
             recurrent_bytes=recurrent,

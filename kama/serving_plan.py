@@ -36,6 +36,25 @@ def load_mode(*, mlock: bool, no_mmap: bool) -> str | None:
 
 
 @dataclass(frozen=True)
+class CompanionArtifact:
+    """Another artifact a serving pod loads next to its model (a draft model), mounted
+    read-only at `mount` and checked by the supervisor like the model's own."""
+
+    name: str  # the ModelArtifact's name
+    entrypoint: str
+    manifest_digest: str  # hex, no "sha256:" prefix
+    mount: str  # directory inside the pod
+    in_place: bool = False  # a Direct source's directory (hashed again), not a cache blob
+
+    @property
+    def path(self) -> str:
+        return f"{self.mount.rstrip('/')}/{self.entrypoint}"
+
+
+DRAFT_DIR = "/draft"
+
+
+@dataclass(frozen=True)
 class ServingPlan:
     entrypoint: str  # file name inside the artifact directory
     manifest_digest: str  # hex sha256 of the artifact manifest (no "sha256:" prefix)
@@ -57,6 +76,16 @@ class ServingPlan:
     prompt_cache_mib: int | None = None  # --cache-ram (runtime.promptCacheMemory)
     mode: str | None = None  # runtime.mode beyond Generation: --embeddings, --reranking
     pooling: str | None = None  # --pooling (runtime.pooling, Embedding mode)
+    projector: str | None = None  # --mmproj: the artifact's multimodal projector file
+    # --model-draft (runtime.draftModelRef), flat: payload converters resolve no
+    # nested dataclass of a postponed annotation
+    draft_name: str | None = None
+    draft_entrypoint: str | None = None
+    draft_manifest_digest: str | None = None
+    draft_in_place: bool | None = None
+    draft_gpu_layers: int | None = None  # --n-gpu-layers-draft, with a draft
+    draft_max: int | None = None  # --spec-draft-n-max (runtime.draftMaxTokens)
+    draft_min: int | None = None  # --spec-draft-n-min (runtime.draftMinTokens)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -66,6 +95,19 @@ class ServingPlan:
         raw: dict[str, Any] = json.loads(text)
         raw["tensor_split"] = tuple(raw.get("tensor_split") or ())
         return cls(**raw)
+
+    @property
+    def draft(self) -> CompanionArtifact | None:
+        """The draft model's artifact, mounted at DRAFT_DIR, if the plan has one."""
+        if self.draft_name is None or self.draft_entrypoint is None:
+            return None
+        return CompanionArtifact(
+            name=self.draft_name,
+            entrypoint=self.draft_entrypoint,
+            manifest_digest=self.draft_manifest_digest or "",
+            mount=DRAFT_DIR,
+            in_place=bool(self.draft_in_place),
+        )
 
     def llama_server_args(
         self, *, model_dir: str = MODELS_DIR, host: str, port: int = LLAMA_PORT
@@ -108,5 +150,28 @@ class ServingPlan:
         args += _MODE_FLAG.get(self.mode or "", ())
         if self.pooling is not None:
             args += ["--pooling", _POOLING_FLAG[self.pooling]]
+        if self.projector is not None:
+            args += ["--mmproj", f"{model_dir.rstrip('/')}/{self.projector}"]
+        args += self._draft_args()
         args += ["--threads-http", str(self.concurrency + HTTP_THREADS_BEYOND_SLOTS)]
         return [*args, "--metrics", "--slots", "--no-context-shift", "--fit", "off"]
+
+    def _draft_args(self) -> list[str]:
+        """Speculative decoding with the draft model (`draft-simple`: the pinned
+        llama-server drafts nothing without naming the type): its KV cache in the
+        target's precision, its layers where the plan counted them."""
+        draft = self.draft
+        if draft is None:
+            return []
+        args = [
+            "--model-draft", draft.path,
+            "--spec-type", "draft-simple",
+            "--n-gpu-layers-draft", str(self.draft_gpu_layers or 0),
+            "--cache-type-k-draft", self.kv_key_type,
+            "--cache-type-v-draft", self.kv_value_type,
+        ]  # fmt: skip
+        if self.draft_max is not None:
+            args += ["--spec-draft-n-max", str(self.draft_max)]
+        if self.draft_min is not None:
+            args += ["--spec-draft-n-min", str(self.draft_min)]
+        return args

@@ -18,6 +18,7 @@ from typing import Any, Final
 from kama.cache_layout import BLOBS_DIR
 from kama.serving_plan import (
     ARTIFACT_LAYOUT_ENV,
+    DRAFT_DIR,
     IN_PLACE_LAYOUT,
     LLAMA_PORT,
     MODELS_DIR,
@@ -45,8 +46,22 @@ FINGERPRINT_CHARS: Final = 10
 MAX_NAME_PREFIX: Final = 40
 # ServingPlan and ServingTemplate fields that did not exist in the first release's
 # fingerprints
-PLAN_FIELDS_ADDED_LATER: Final = ("load_mode", "cache_reuse", "prompt_cache_mib", "mode", "pooling")
-TEMPLATE_FIELDS_ADDED_LATER: Final = ("node",)
+PLAN_FIELDS_ADDED_LATER: Final = (
+    "load_mode",
+    "cache_reuse",
+    "prompt_cache_mib",
+    "mode",
+    "pooling",
+    "projector",
+    "draft_name",
+    "draft_entrypoint",
+    "draft_manifest_digest",
+    "draft_in_place",
+    "draft_gpu_layers",
+    "draft_max",
+    "draft_min",
+)
+TEMPLATE_FIELDS_ADDED_LATER: Final = ("node", "draft_claim_name", "draft_sub_path")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +82,8 @@ class ServingTemplate:
     node: str | None = None
     """The one node every replica runs on: set when the artifact's claim can be
     mounted by one node at a time (ReadWriteOnce)."""
+    draft_claim_name: str | None = None  # where the draft model's artifact is
+    draft_sub_path: str | None = None
 
     def fingerprint(self) -> str:
         """A hash of the template. Fields added after pods were running are left out
@@ -204,6 +221,22 @@ def serving_pod_manifest(
             }
         ],
     }
+    if template.draft_claim_name and template.draft_sub_path:
+        container = spec["containers"][0]
+        container["volumeMounts"].append(
+            {
+                "name": "draft",
+                "mountPath": DRAFT_DIR,
+                "subPath": template.draft_sub_path,
+                "readOnly": True,
+            }
+        )
+        spec["volumes"].append(
+            {
+                "name": "draft",
+                "persistentVolumeClaim": {"claimName": template.draft_claim_name, "readOnly": True},
+            }
+        )
     if template.node_selector:
         spec["nodeSelector"] = dict(template.node_selector)
     if template.tolerations:

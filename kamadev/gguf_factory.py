@@ -62,11 +62,19 @@ class ModelShape:
     file_type: FileType = "F32"
     seed: int = 0
     chat_template: str | None = CHATML_TEMPLATE
+    passthrough_layers: int = 0
+    """The last layers that add nothing (zero output projections): the model computes
+    what the same seed's model with ``n_layer - passthrough_layers`` layers computes,
+    so that smaller model is a draft whose every token it accepts."""
 
     def __post_init__(self) -> None:
         for field in ("n_layer", "n_embd", "n_head", "n_head_kv", "n_ff", "n_ctx"):
             if getattr(self, field) < 1:
                 raise ValueError(f"ModelShape.{field} must be >= 1, got {getattr(self, field)}")
+        if not 0 <= self.passthrough_layers < self.n_layer:
+            raise ValueError(
+                f"ModelShape.passthrough_layers must be in [0, n_layer), got {self.passthrough_layers}"
+            )
         if self.vocab_extra < 0:
             raise ValueError(f"ModelShape.vocab_extra must be >= 0, got {self.vocab_extra}")
         if self.file_type not in _FILE_TYPES:
@@ -130,10 +138,13 @@ def _vocab(shape: ModelShape) -> tuple[list[str], list[float], list[int]]:
 def _tensors(shape: ModelShape) -> list[Tensor]:
     """All tensors in file order, with their data already in the file's type."""
     rng = np.random.default_rng(shape.seed)
+    passthrough_rng = np.random.default_rng([shape.seed, shape.passthrough_layers])
     kv_dim = shape.n_head_kv * shape.head_dim
 
-    def weight(rows: int, cols: int) -> tuple[npt.NDArray[Any], gguf.GGMLQuantizationType | None]:
-        data = rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(0.02)
+    def weight(
+        rows: int, cols: int, *, source: np.random.Generator = rng, scale: float = 0.02
+    ) -> tuple[npt.NDArray[Any], gguf.GGMLQuantizationType | None]:
+        data = source.standard_normal((rows, cols), dtype=np.float32) * np.float32(scale)
         if shape.file_type == "F16":
             return data.astype(np.float16), None
         if shape.file_type == "Q8_0":
@@ -144,23 +155,30 @@ def _tensors(shape: ModelShape) -> list[Tensor]:
     def norm() -> tuple[npt.NDArray[Any], None]:
         return np.ones(shape.n_embd, dtype=np.float32), None
 
+    def layer(i: int, *, source: np.random.Generator, out_scale: float) -> list[Any]:
+        return [
+            (f"blk.{i}.attn_norm.weight", norm()),
+            (f"blk.{i}.attn_q.weight", weight(e, e, source=source)),
+            (f"blk.{i}.attn_k.weight", weight(kv_dim, e, source=source)),
+            (f"blk.{i}.attn_v.weight", weight(kv_dim, e, source=source)),
+            (f"blk.{i}.attn_output.weight", weight(e, e, source=source, scale=out_scale)),
+            (f"blk.{i}.ffn_norm.weight", norm()),
+            (f"blk.{i}.ffn_gate.weight", weight(ff, e, source=source)),
+            (f"blk.{i}.ffn_up.weight", weight(ff, e, source=source)),
+            (f"blk.{i}.ffn_down.weight", weight(e, ff, source=source, scale=out_scale)),
+        ]
+
     e, ff = shape.n_embd, shape.n_ff
+    working = shape.n_layer - shape.passthrough_layers
     spec: list[tuple[str, tuple[npt.NDArray[Any], gguf.GGMLQuantizationType | None]]] = [
         ("token_embd.weight", weight(shape.n_vocab, e))
     ]
-    for i in range(shape.n_layer):
-        spec += [
-            (f"blk.{i}.attn_norm.weight", norm()),
-            (f"blk.{i}.attn_q.weight", weight(e, e)),
-            (f"blk.{i}.attn_k.weight", weight(kv_dim, e)),
-            (f"blk.{i}.attn_v.weight", weight(kv_dim, e)),
-            (f"blk.{i}.attn_output.weight", weight(e, e)),
-            (f"blk.{i}.ffn_norm.weight", norm()),
-            (f"blk.{i}.ffn_gate.weight", weight(ff, e)),
-            (f"blk.{i}.ffn_up.weight", weight(ff, e)),
-            (f"blk.{i}.ffn_down.weight", weight(e, ff)),
-        ]
-    spec += [("output_norm.weight", norm()), ("output.weight", weight(shape.n_vocab, e))]
+    for i in range(working):
+        spec += layer(i, source=rng, out_scale=0.02)
+    output = [("output_norm.weight", norm()), ("output.weight", weight(shape.n_vocab, e))]
+    for i in range(working, shape.n_layer):  # drawn apart, so the rest stays the same
+        spec += layer(i, source=passthrough_rng, out_scale=0.0)
+    spec += output
     return [(name, data, raw) for name, (data, raw) in spec]
 
 
@@ -226,16 +244,108 @@ def _flush(writer: gguf.GGUFWriter, path: Path) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class ProjectorShape:
+    """Hyper-parameters of a generated vision projector: a one-layer SigLIP tower
+    with Gemma 3's projection (llama.cpp's mtmd ``gemma3`` projector type), small
+    enough to encode an image in milliseconds. ``text_embd`` must be the text
+    model's embedding length: llama-server refuses a projector that differs."""
+
+    text_embd: int = 64
+    n_embd: int = 32
+    n_head: int = 2
+    n_ff: int = 64
+    n_layer: int = 1
+    image_size: int = 64
+    patch_size: int = 8
+    merge: int = 2  # average-pools merge x merge patches into one image token
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        side, rest = divmod(self.image_size, self.patch_size)
+        if rest or side % self.merge:
+            raise ValueError(
+                f"image_size={self.image_size} must be patch_size x merge x k "
+                f"(patch_size={self.patch_size}, merge={self.merge})"
+            )
+        if self.n_ff == self.n_embd:  # llama.cpp would take ffn_down for ffn_up
+            raise ValueError("ProjectorShape.n_ff must differ from n_embd")
+
+    @property
+    def image_tokens(self) -> int:
+        """How many tokens one image becomes in the text model's context."""
+        return (self.image_size // self.patch_size // self.merge) ** 2
+
+
+def _projector_tensors(shape: ProjectorShape) -> list[tuple[str, npt.NDArray[np.float32]]]:
+    rng = np.random.default_rng(shape.seed)
+
+    def weight(*dims: int) -> npt.NDArray[np.float32]:
+        return rng.standard_normal(dims, dtype=np.float32) * np.float32(0.02)
+
+    e, ff, patches = shape.n_embd, shape.n_ff, (shape.image_size // shape.patch_size) ** 2
+    tensors = [
+        ("v.patch_embd.weight", weight(e, 3, shape.patch_size, shape.patch_size)),
+        ("v.patch_embd.bias", np.zeros(e, dtype=np.float32)),
+        ("v.position_embd.weight", weight(patches, e)),
+    ]
+    for i in range(shape.n_layer):
+        for norm in ("ln1", "ln2"):
+            tensors += [
+                (f"v.blk.{i}.{norm}.weight", np.ones(e, dtype=np.float32)),
+                (f"v.blk.{i}.{norm}.bias", np.zeros(e, dtype=np.float32)),
+            ]
+        for attn in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            tensors += [
+                (f"v.blk.{i}.{attn}.weight", weight(e, e)),
+                (f"v.blk.{i}.{attn}.bias", np.zeros(e, dtype=np.float32)),
+            ]
+        tensors += [
+            (f"v.blk.{i}.ffn_up.weight", weight(ff, e)),
+            (f"v.blk.{i}.ffn_up.bias", np.zeros(ff, dtype=np.float32)),
+            (f"v.blk.{i}.ffn_down.weight", weight(e, ff)),
+            (f"v.blk.{i}.ffn_down.bias", np.zeros(e, dtype=np.float32)),
+        ]
+    return [
+        *tensors,
+        ("v.post_ln.weight", np.ones(e, dtype=np.float32)),
+        ("v.post_ln.bias", np.zeros(e, dtype=np.float32)),
+        ("mm.soft_emb_norm.weight", np.ones(e, dtype=np.float32)),
+        ("mm.input_projection.weight", weight(e, shape.text_embd)),
+    ]
+
+
 def write_projector(
-    path: Path, *, general_type: str | None = "mmproj", architecture: str = "clip"
+    path: Path,
+    *,
+    shape: ProjectorShape | None = None,
+    general_type: str | None = "mmproj",
+    architecture: str = "clip",
 ) -> Path:
-    """A small vision projector as llama.cpp's converter writes one (general.type
-    mmproj, general.architecture clip), or with one of the two marks only."""
+    """A vision projector as llama.cpp's converter writes one (general.type mmproj,
+    general.architecture clip) that llama-server loads with ``--mmproj`` and uses to
+    read images, or with one of the two marks only."""
+    shape = shape or ProjectorShape()
     writer = gguf.GGUFWriter(path, arch=architecture)
     if general_type is not None:
         writer.add_type(general_type)
+    writer.add_name(f"kama-test-projector-seed{shape.seed}")
+    writer.add_string("clip.projector_type", "gemma3")
     writer.add_bool("clip.has_vision_encoder", True)
-    writer.add_tensor("v.patch_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.add_bool("clip.use_gelu", True)
+    writer.add_uint32("clip.vision.image_size", shape.image_size)
+    writer.add_uint32("clip.vision.patch_size", shape.patch_size)
+    writer.add_uint32("clip.vision.projector.scale_factor", shape.merge)
+    writer.add_uint32("clip.vision.embedding_length", shape.n_embd)
+    writer.add_uint32("clip.vision.feed_forward_length", shape.n_ff)
+    writer.add_uint32("clip.vision.block_count", shape.n_layer)
+    writer.add_uint32("clip.vision.projection_dim", shape.text_embd)
+    writer.add_uint32("clip.vision.attention.head_count", shape.n_head)
+    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    for name, data in _projector_tensors(shape):
+        writer.add_tensor(name, data)
     return _flush(writer, path)
 
 

@@ -46,7 +46,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from kama.cache_layout import MANIFEST_NAME, READY_NAME, Manifest, ManifestFile
 from kama.serving_key import LLAMA_API_KEY_ENV, bearer
@@ -77,7 +77,16 @@ class ArtifactNotServable(Exception):
     """The mounted directory is not the published artifact the plan names."""
 
 
-def check_artifact(*, directory: Path, plan: ServingPlan, in_place: bool = False) -> Manifest:
+class ArtifactIdentity(Protocol):
+    """What names an artifact a pod serves: the model's plan, or a companion's."""
+
+    @property
+    def entrypoint(self) -> str: ...
+    @property
+    def manifest_digest(self) -> str: ...
+
+
+def check_artifact(*, directory: Path, plan: ArtifactIdentity, in_place: bool = False) -> Manifest:
     """The manifest of the artifact mounted at `directory` if it is the one `plan`
     names (module docstring: what is checked for each layout); ArtifactNotServable
     says why not."""
@@ -133,7 +142,7 @@ def _file_sets(directory: Path, entrypoint: str) -> list[list[str]]:
     return [own] if everything == own else [own, everything]
 
 
-def check_in_place(*, directory: Path, plan: ServingPlan) -> Manifest:
+def check_in_place(*, directory: Path, plan: ArtifactIdentity) -> Manifest:
     """A Direct artifact: its files hashed again and their manifest's digest compared
     with the plan's (module docstring)."""
     if "/" in plan.entrypoint:
@@ -321,6 +330,9 @@ def run_runtime() -> int:
     server = supervisor.serve_probes()  # first: probes wait for the start, not a closed port
     try:
         check_artifact(directory=models, plan=plan, in_place=in_place)
+        if plan.draft is not None:
+            draft = plan.draft
+            check_artifact(directory=Path(draft.mount), plan=draft, in_place=draft.in_place)
     except ArtifactNotServable as exc:
         server.shutdown()
         print(f"kama runtime: refusing to start: {exc}", file=sys.stderr, flush=True)

@@ -14,6 +14,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from kama.api import GROUP, VERSION
+from kama.api.deployment import artifacts_named
 from kama.contracts import (
     ARTIFACT_CHANGED,
     DEPLOYMENTS,
@@ -77,7 +78,8 @@ class DeploymentSignals:
                 )
 
     async def artifact_event(self, event_type: str, artifact: dict[str, Any]) -> None:
-        """A Ready (or deleted) artifact nudges the deployments that name it."""
+        """A Ready (or deleted) artifact nudges the deployments that name it (as their
+        model or their draft model)."""
         meta, status = artifact.get("metadata", {}), artifact.get("status") or {}
         if event_type != "DELETED" and status.get("phase") != "Ready":
             return
@@ -91,7 +93,7 @@ class DeploymentSignals:
                 return
             raise
         for item in items:
-            if (item.get("spec", {}).get("modelRef") or {}).get("name") == meta["name"]:
+            if meta["name"] in artifacts_named(item.get("spec") or {}):
                 await self._signal(
                     namespace=namespace,
                     name=item["metadata"]["name"],

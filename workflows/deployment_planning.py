@@ -60,16 +60,24 @@ async def plan_deployment(
     """Plan `spec` for the artifact and nodes as they are now."""
     inputs = await call_kube(
         ServingPodActivities.read_inputs,
-        InputsRequest(namespace=snap.ref.namespace, artifact=spec.model_ref.name),
+        InputsRequest(
+            namespace=snap.ref.namespace,
+            artifact=spec.model_ref.name,
+            draft=spec.runtime.draft_model_ref,
+        ),
     )
-    artifact = (
-        None
-        if inputs.artifact_status is None
-        else ModelArtifactStatus.model_validate(inputs.artifact_status)
-    )
-    if artifact is None or not artifact_is_ready(artifact):
-        waiting = artifact_waiting(name=spec.model_ref.name, artifact=artifact)
-        return PlanOutcome(PlanVerdict.WAITING, [waiting])
+    needed = [(spec.model_ref.name, inputs.artifact_status)]
+    if spec.runtime.draft_model_ref is not None:
+        needed.append((spec.runtime.draft_model_ref, inputs.draft_status))
+    ready: list[ModelArtifactStatus] = []
+    for name, raw in needed:
+        artifact = None if raw is None else ModelArtifactStatus.model_validate(raw)
+        if artifact is None or not artifact_is_ready(artifact):
+            return PlanOutcome(
+                PlanVerdict.WAITING, [artifact_waiting(name=name, artifact=artifact)]
+            )
+        ready.append(artifact)
+    artifact = ready[0]
     try:
         decision = decide_deployment(
             spec=spec,
@@ -77,6 +85,7 @@ async def plan_deployment(
             nodes=inputs.nodes,
             image=image,
             claim_nodes=inputs.claim_nodes,
+            draft=ready[1] if len(ready) > 1 else None,
         )
     except ArtifactNotUsable as exc:
         return PlanOutcome(PlanVerdict.UNUSABLE, [artifact_unusable(str(exc))])

@@ -30,7 +30,7 @@ cluster without a GPU, is not a fallback.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
@@ -54,6 +54,7 @@ from kama.api.meta import (
     WORKFLOW_ID_MAX,
     CelRule,
     Condition,
+    DNSSubdomain,
     KamaModel,
     LocalObjectReference,
     ObjectMeta,
@@ -144,6 +145,23 @@ POOLING_NEEDS_EMBEDDING: Final = CelRule(
     field_path=".pooling",
     reason="FieldValueForbidden",
 )
+DRAFT_NEEDS_GENERATION: Final = CelRule(
+    rule="!has(self.draftModelRef) || self.mode == 'Generation'",
+    message="spec.runtime.draftModelRef applies only to spec.runtime.mode Generation",
+    field_path=".draftModelRef",
+    reason="FieldValueForbidden",
+)
+DRAFT_TOKENS_NEED_DRAFT: Final = CelRule(
+    rule="has(self.draftModelRef) || !has(self.draftMaxTokens) && !has(self.draftMinTokens)",
+    message="spec.runtime.draftMaxTokens and draftMinTokens need spec.runtime.draftModelRef",
+    field_path=".draftModelRef",
+    reason="FieldValueRequired",
+)
+DRAFT_MIN_NOT_ABOVE_MAX: Final = CelRule(
+    rule="!has(self.draftMaxTokens) || !has(self.draftMinTokens) || self.draftMinTokens <= self.draftMaxTokens",
+    message="spec.runtime.draftMinTokens must not exceed spec.runtime.draftMaxTokens",
+    field_path=".draftMinTokens",
+)
 UBATCH_NOT_ABOVE_BATCH: Final = CelRule(
     rule="!has(self.batchSize) || !has(self.microBatchSize) || self.microBatchSize <= self.batchSize",
     message="spec.runtime.microBatchSize must not exceed spec.runtime.batchSize",
@@ -160,6 +178,9 @@ class Runtime(SpecModel):
             UBATCH_NOT_ABOVE_BATCH,
             CONCURRENCY_NEEDS_CONTEXT,
             POOLING_NEEDS_EMBEDDING,
+            DRAFT_NEEDS_GENERATION,
+            DRAFT_TOKENS_NEED_DRAFT,
+            DRAFT_MIN_NOT_ABOVE_MAX,
         )
     )
 
@@ -187,6 +208,15 @@ class Runtime(SpecModel):
     replica's memory estimate (and so its default memory request); 0 turns the cache
     off; omitted = llama-server's own limit (8 GiB), which the estimate does not count."""
     expert: ExpertKnobs = Field(default_factory=ExpertKnobs)
+    draft_model_ref: DNSSubdomain | None = None
+    """A ModelArtifact in this namespace holding a small model of the same vocabulary:
+    llama-server drafts tokens with it and the model accepts or rejects them
+    (speculative decoding, --model-draft). Counted in each replica's memory; its KV
+    cache has the model's context and precision."""
+    draft_max_tokens: int | None = Field(default=None, ge=1, le=64)
+    """Tokens drafted per step at most (--spec-draft-n-max); omitted = llama-server's 3."""
+    draft_min_tokens: int | None = Field(default=None, ge=0, le=64)
+    """Tokens drafted per step at least (--spec-draft-n-min); omitted = llama-server's."""
 
     @model_validator(mode="after")
     def _context_for_concurrency(self) -> Runtime:
@@ -194,6 +224,18 @@ class Runtime(SpecModel):
             raise ValueError(CONCURRENCY_NEEDS_CONTEXT.message)
         if self.pooling is not None and self.mode is not ServingMode.EMBEDDING:
             raise ValueError(POOLING_NEEDS_EMBEDDING.message)
+        if self.draft_model_ref is not None and self.mode is not ServingMode.GENERATION:
+            raise ValueError(DRAFT_NEEDS_GENERATION.message)
+        if self.draft_model_ref is None and (
+            self.draft_max_tokens is not None or self.draft_min_tokens is not None
+        ):
+            raise ValueError(DRAFT_TOKENS_NEED_DRAFT.message)
+        if (
+            self.draft_max_tokens is not None
+            and self.draft_min_tokens is not None
+            and self.draft_min_tokens > self.draft_max_tokens
+        ):
+            raise ValueError(DRAFT_MIN_NOT_ABOVE_MAX.message)
         return self
 
 
@@ -434,3 +476,11 @@ __all__ = [
     "ModelDeploymentSpec",
     "ModelDeploymentStatus",
 ]
+
+
+def artifacts_named(spec: Mapping[str, Any]) -> frozenset[str]:
+    """The ModelArtifacts a ModelDeployment's raw `spec` names: its model and its
+    draft model (for the watcher, which reads specs as the API server sends them)."""
+    model = (spec.get("modelRef") or {}).get("name")
+    draft = (spec.get("runtime") or {}).get("draftModelRef")
+    return frozenset(n for n in (model, draft) if isinstance(n, str))

@@ -129,11 +129,18 @@ def routable(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def wait_ready(control: KamaControl, namespace: str, name: str, replicas: int) -> dict[str, Any]:
+    seen: dict[str, Any] = {}  # the last look, to say what was not ready
+
     def check() -> dict[str, Any] | None:
         obj = md(control, namespace, name)
         status = obj.get("status", {})
         fingerprint = status.get("fingerprint")
         pods = serving_pods(control, namespace, name)
+        seen["conditions"] = [
+            (c["type"], c["status"], c.get("reason"), c.get("message", "")[:300])
+            for c in status.get("conditions", [])
+        ]
+        seen["pods"] = [(p["metadata"]["name"], p.get("status", {})) for p in pods]
         current = [
             p
             for p in routable(pods)
@@ -147,9 +154,12 @@ def wait_ready(control: KamaControl, namespace: str, name: str, replicas: int) -
         )
         return obj if ok else None
 
-    return eventually(
-        check, timeout=SERVE_TIMEOUT, what=f"{name} {replicas}/{replicas} ready", interval=0.5
-    )
+    try:
+        return eventually(
+            check, timeout=SERVE_TIMEOUT, what=f"{name} {replicas}/{replicas} ready", interval=0.5
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last seen: {json.dumps(seen, default=str)[:4000]}") from None
 
 
 def chat(pod: dict[str, Any]) -> str:

@@ -8,6 +8,7 @@ intended way.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import pytest
 from kamadev.gguf_factory import (
     CHATML_TEMPLATE,
     ModelShape,
+    ProjectorShape,
     write_bad_magic,
     write_bad_tensor_offset,
     write_model,
@@ -202,3 +204,20 @@ def test_bad_tensor_offset_patches_exactly_one_offset(tmp_path: Path) -> None:
     assert old == first.data_offset - reader.data_offset
     assert reader.data_offset + new >= len(bad)
     assert new % reader.alignment == 0
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: ModelShape(n_layer=2, passthrough_layers=2), "passthrough_layers"),
+        (lambda: ProjectorShape(image_size=60), "image_size=60"),
+        (lambda: ProjectorShape(n_ff=32), "n_ff must differ"),
+    ],
+)
+def test_invalid_companion_shapes_are_rejected(make: Callable[[], object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_a_projector_says_how_many_tokens_an_image_takes() -> None:
+    assert ProjectorShape(image_size=64, patch_size=8, merge=2).image_tokens == 16
