@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
+from kama.accelerators import GPU_PRODUCT_LABEL, GPU_RESOURCE, DeviceKind, Sharing
 from kama.api import GGUFInfo, ModelArtifactStatus, ServingLocation
 from kama.api.deployment import (
     DeploymentCondition,
@@ -298,12 +299,24 @@ class DeploymentDecision:
         return None if selected is None else selected.degraded_reason
 
 
+def _sharing(device: DeviceKind | None) -> str | None:
+    """How the chosen device is shared, for status: None for a whole card."""
+    if device is None or device.combinable:
+        return None
+    if device.sharing is not Sharing.NONE:
+        return f"{device.sharing}, {device.replicas} replicas per device"
+    return "MIG"
+
+
 def _profile_status(profile: Profile) -> dict[str, Any]:
+    device = profile.device
     mode = {ProfileMode.CPU: "CPU", ProfileMode.GPU: "GPU", ProfileMode.HYBRID: "Hybrid"}
     resolved = ResolvedProfile(
         mode=mode[profile.mode],
         node=profile.node,
         gpus_per_replica=profile.gpus_per_replica,
+        gpu_resource=device.resource if device is not None else None,
+        gpu_sharing=_sharing(device),
         gpu_layers=profile.n_gpu_layers,
         split_mode=str(profile.split_mode) if profile.gpus_per_replica else None,
         tensor_split=[float(p) for p in profile.tensor_split],
@@ -448,6 +461,7 @@ def decide_deployment(
     if plan.selected is None:
         return DeploymentDecision(plan=plan, template=None, profile=None, rejected=rejected)
     profile = plan.selected
+    device = profile.device
     runtime_plan = replace(
         serving_plan(
             profile=profile,
@@ -472,6 +486,9 @@ def decide_deployment(
         memory_limit=spec.resources.memory_limit,
         gpus=profile.gpus_per_replica,
         gpu_product=profile.gpu_product,
+        # left None for nvidia.com/gpu, so those templates keep their fingerprints
+        gpu_resource=_unless(device.resource if device else None, GPU_RESOURCE),
+        gpu_product_label=_unless(device.product_label if device else None, GPU_PRODUCT_LABEL),
         node_selector=dict(spec.placement.node_selector),
         tolerations=[
             t.model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -509,9 +526,14 @@ def _draft_plan(
     }
 
 
+def _unless(value: str | None, default: str) -> str | None:
+    return None if value == default else value
+
+
 def describe_profile(profile: Profile) -> str:
+    unit = profile.device.unit if profile.device is not None else "GPU(s)"
     where = (
-        f"{profile.gpus_per_replica} GPU(s), {profile.n_gpu_layers}/{profile.total_layers} layers"
+        f"{profile.gpus_per_replica} {unit}, {profile.n_gpu_layers}/{profile.total_layers} layers"
         if profile.gpus_per_replica
         else "CPU"
     )

@@ -4,8 +4,9 @@ The planner compares a model's memory estimate against each node's allocatable R
 CPU and GPUs, and honours its taints and labels. This module turns a Node object (a
 JSON dict, as the API server and workflow histories carry it) into a small, typed,
 immutable ``NodeInventory``, so the planner never touches the raw object. GPU facts
-come from the device plugin (``nvidia.com/gpu`` allocatable) and GPU Feature Discovery
-labels (product, memory in MiB).
+come from the device plugin's allocatable resources and GPU Feature Discovery labels,
+read by ``kama.accelerators`` into the kinds of device a pod can request there (whole
+cards, time-sliced or MPS slices, MIG instances).
 
 Pure: no I/O.
 """
@@ -17,22 +18,26 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
 
-from kama.memory import MIB
-from kama.quantities import parse_bytes, parse_count, parse_cpu_millicores
+from kama.accelerators import (
+    GPU_MEMORY_LABEL,
+    GPU_PRODUCT_LABEL,
+    GPU_RESOURCE,
+    DeviceKind,
+    device_kinds,
+)
+from kama.quantities import parse_bytes, parse_cpu_millicores
 
 __all__ = [
     "GPU_MEMORY_LABEL",
     "GPU_PRODUCT_LABEL",
     "GPU_RESOURCE",
     "UNSCHEDULABLE_TAINT_KEY",
+    "DeviceKind",
     "NodeInventory",
     "Taint",
     "node_from_k8s",
 ]
 
-GPU_RESOURCE: Final = "nvidia.com/gpu"
-GPU_PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
-GPU_MEMORY_LABEL: Final = "nvidia.com/gpu.memory"  # MiB, from GPU Feature Discovery
 UNSCHEDULABLE_TAINT_KEY: Final = "node.kubernetes.io/unschedulable"
 
 Taint = tuple[str, str, str]
@@ -41,29 +46,27 @@ Taint = tuple[str, str, str]
 
 @dataclass(frozen=True, kw_only=True)
 class NodeInventory:
-    """What the planner knows about one node: allocatable resources, GPUs, taints, labels."""
+    """What the planner knows about one node: allocatable resources, the kinds of GPU
+    device it offers, taints, labels."""
 
     name: str
     cpu_millicores: int
     memory_bytes: int
-    gpu_count: int = 0
-    gpu_product: str | None = None
-    gpu_memory_mib: int | None = None
+    gpus: tuple[DeviceKind, ...] = ()
     taints: tuple[Taint, ...] = ()
     labels: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("cpu_millicores", "memory_bytes", "gpu_count"):
+        for name in ("cpu_millicores", "memory_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"NodeInventory.{name} must be >= 0, got {getattr(self, name)}")
-        if self.gpu_memory_mib is not None and self.gpu_memory_mib < 1:
-            raise ValueError(f"NodeInventory.gpu_memory_mib must be >= 1: {self.gpu_memory_mib}")
+        object.__setattr__(self, "gpus", tuple(self.gpus))
         object.__setattr__(self, "taints", tuple(self.taints))
         object.__setattr__(self, "labels", MappingProxyType(dict(self.labels)))
 
     @property
-    def gpu_memory_bytes(self) -> int | None:
-        return None if self.gpu_memory_mib is None else self.gpu_memory_mib * MIB
+    def has_gpus(self) -> bool:
+        return any(kind.count for kind in self.gpus)
 
 
 def _mapping(*, value: object, what: str) -> Mapping[str, Any]:
@@ -77,9 +80,9 @@ def _mapping(*, value: object, what: str) -> Mapping[str, Any]:
 def node_from_k8s(node: Mapping[str, Any]) -> NodeInventory:
     """Build a NodeInventory from a Kubernetes Node object given as a JSON dict.
 
-    Reads ``status.allocatable`` (cpu, memory, ``nvidia.com/gpu``), the GFD labels
-    ``nvidia.com/gpu.product`` and ``nvidia.com/gpu.memory`` (MiB), ``spec.taints`` and
-    ``spec.unschedulable`` (a cordoned node counts as tainted NoSchedule).
+    Reads ``status.allocatable`` (cpu, memory, the GPU resources), the GFD labels
+    (``kama.accelerators``), ``spec.taints`` and ``spec.unschedulable`` (a cordoned
+    node counts as tainted NoSchedule).
     """
     metadata = _mapping(value=node.get("metadata"), what="metadata")
     spec = _mapping(value=node.get("spec"), what="spec")
@@ -91,8 +94,6 @@ def node_from_k8s(node: Mapping[str, Any]) -> NodeInventory:
         str(k): str(v) for k, v in _mapping(value=metadata.get("labels"), what="labels").items()
     }
     allocatable = _mapping(value=status.get("allocatable"), what="status.allocatable")
-    gpu_count = parse_count(allocatable.get(GPU_RESOURCE, 0))
-    gpu_memory = labels.get(GPU_MEMORY_LABEL)
     taints: list[Taint] = []
     for raw in spec.get("taints") or ():
         taint = _mapping(value=raw, what="taint")
@@ -106,9 +107,7 @@ def node_from_k8s(node: Mapping[str, Any]) -> NodeInventory:
         name=name,
         cpu_millicores=parse_cpu_millicores(allocatable.get("cpu", 0)),
         memory_bytes=parse_bytes(allocatable.get("memory", 0)),
-        gpu_count=gpu_count,
-        gpu_product=labels.get(GPU_PRODUCT_LABEL),
-        gpu_memory_mib=int(gpu_memory) if gpu_memory and gpu_memory.isdigit() else None,
+        gpus=device_kinds(labels=labels, allocatable=allocatable),
         taints=tuple(taints),
         labels=labels,
     )

@@ -12,9 +12,19 @@ The envelope is a promise to the user: the planner never lowers context, slots o
 precision to make a model fit. It changes only where the model runs; if nothing
 fits, the answer is FitFailed and no pod is created.
 
+GPUs are read as the cluster publishes them (``kama.accelerators``): each node offers
+kinds of device, each with its own resource name, count and memory per device.
+Whole cards may be combined, a replica splitting layers over 1..N of them. A
+time-sliced or MPS slice of a card counts the card's memory divided by its replicas
+(any slice may go to another pod), and a MIG instance its own memory; of either a
+replica takes exactly one, since two slices may be one card and a CUDA process uses
+one MIG instance. The chosen profile names the resource its pods request and the
+label that pins the product.
+
 Pure: no I/O. The memory estimate lives in ``kama.memory``, what the planner knows of
-nodes in ``kama.node_inventory``; ``kama.deployment_plan`` turns the chosen profile
-into the ``ServingPlan`` whose llama-server flags the runtime supervisor renders.
+nodes in ``kama.node_inventory`` and ``kama.accelerators``; ``kama.deployment_plan``
+turns the chosen profile into the ``ServingPlan`` whose llama-server flags the runtime
+supervisor renders.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from fractions import Fraction
 from types import MappingProxyType
 from typing import Any, Final, Literal
 
+from kama.accelerators import VENDORS, DeviceKind, Sharing
 from kama.api.deployment_choices import PlacementMode, PlacementPolicy
 from kama.memory import (
     MemoryEstimate,
@@ -35,7 +46,7 @@ from kama.memory import (
     estimate_memory,
     format_bytes,
 )
-from kama.node_inventory import GPU_MEMORY_LABEL, GPU_RESOURCE, NodeInventory, Taint
+from kama.node_inventory import NodeInventory, Taint
 
 __all__ = [
     "MIN_REPLICA_CPU_MILLICORES",
@@ -122,6 +133,8 @@ class Rejection:
     reason: str
     required: int | None = None
     available: int | None = None
+    unit: str = "GPU(s)"
+    """The devices ``gpus`` counts: whole cards, or the resource of a slice kind."""
 
     @property
     def candidate(self) -> str:
@@ -131,7 +144,7 @@ class Rejection:
             return "CPU"
         if self.gpus == 0:
             return str(self.mode)
-        return f"{self.mode} on {self.gpus} GPU(s), {self.n_gpu_layers} GPU layers"
+        return f"{self.mode} on {self.gpus} {self.unit}, {self.n_gpu_layers} GPU layers"
 
     def describe(self) -> str:
         return f"{self.node} ({self.candidate}): {self.reason}"
@@ -159,6 +172,8 @@ class Profile:
     envelope: RuntimeEnvelope
     decision: Literal["Estimated", "Profiled"] = "Estimated"
     degraded_reason: str | None = None
+    device: DeviceKind | None = None
+    """The kind of GPU device each replica requests ``gpus_per_replica`` of; None on CPU."""
 
     @property
     def ctx_total(self) -> int:
@@ -186,6 +201,7 @@ class PlacementPlan:
 @dataclass(frozen=True, kw_only=True)
 class _Candidate:
     node: NodeInventory
+    kind: DeviceKind | None  # None: CPU
     mode: ProfileMode
     gpus: int
     n_gpu_layers: int
@@ -193,8 +209,12 @@ class _Candidate:
     estimate: MemoryEstimate
 
     @property
+    def vram_per_gpu(self) -> int:
+        return (self.kind.memory_bytes or 0) if self.kind is not None else 0
+
+    @property
     def vram_headroom(self) -> int:
-        available = self.node.gpu_memory_bytes or 0
+        available = self.vram_per_gpu
         return min((available - v for v in self.estimate.vram_bytes_by_gpu), default=0)
 
     @property
@@ -221,7 +241,12 @@ def _node_exclusion(
 ) -> Rejection | None:
     """Why no candidate at all can run on ``node``, or None."""
 
-    def reject(resource: ResourceName, reason: str, **numbers: int) -> Rejection:
+    def reject(
+        resource: ResourceName,
+        reason: str,
+        required: int | None = None,
+        available: int | None = None,
+    ) -> Rejection:
         return Rejection(
             node=node.name,
             mode=None,
@@ -229,7 +254,8 @@ def _node_exclusion(
             n_gpu_layers=0,
             resource=resource,
             reason=reason,
-            **numbers,
+            required=required,
+            available=available,
         )
 
     if placement.allowed_nodes is not None and node.name not in placement.allowed_nodes:
@@ -258,32 +284,34 @@ def _node_exclusion(
     return None
 
 
-def _tensor_split(*, node: NodeInventory, gpus: int) -> tuple[int, ...]:
-    """Proportions by GPU memory (all GPUs of a node are alike), reduced: (1, 1, ...)."""
+def _tensor_split(*, kind: DeviceKind, gpus: int) -> tuple[int, ...]:
+    """Proportions by GPU memory (the devices of one kind are alike), reduced: (1, 1, ...)."""
     if gpus < 2:
         return ()
-    memory = [node.gpu_memory_mib or 1] * gpus
+    memory = [kind.memory_bytes or 1] * gpus
     divisor = math.gcd(*memory)
     return tuple(m // divisor for m in memory)
 
 
 def _memory_rejection(*, candidate: _Candidate) -> Rejection | None:
     """The first resource ``candidate`` exceeds on its node, or None if it fits."""
-    node, est = candidate.node, candidate.estimate
+    node, est, kind = candidate.node, candidate.estimate, candidate.kind
     common: dict[str, Any] = {
         "node": node.name,
         "mode": candidate.mode,
         "gpus": candidate.gpus,
         "n_gpu_layers": candidate.n_gpu_layers,
     }
-    available_vram = node.gpu_memory_bytes or 0
-    if candidate.gpus and est.vram_bytes_per_gpu > available_vram:
+    if kind is not None:
+        common["unit"] = kind.unit
+    available_vram = candidate.vram_per_gpu
+    if kind is not None and candidate.gpus and est.vram_bytes_per_gpu > available_vram:
         return Rejection(
             **common,
             resource="gpu-memory",
             reason=(
                 f"needs {format_bytes(est.vram_bytes_per_gpu)} VRAM per GPU, "
-                f"{node.gpu_product or 'GPU'} has {format_bytes(available_vram)}"
+                f"{kind.describe_memory()}"
             ),
             required=est.vram_bytes_per_gpu,
             available=available_vram,
@@ -311,38 +339,76 @@ def _gpu_candidates(
     fits: list[_Candidate],
     rejected: list[Rejection],
 ) -> None:
-    """Whole-model candidates on 1..N GPUs of ``node``, and hybrid ones where they fail."""
+    """The GPU candidates of every kind of device ``node`` offers."""
+    kinds = [kind for kind in node.gpus if kind.count]
+    if not kinds:
+        if placement.mode is PlacementMode.GPU:
+            resources = " or ".join(vendor.resource for vendor in VENDORS)
+            rejected.append(
+                Rejection(
+                    node=node.name,
+                    mode=ProfileMode.GPU,
+                    gpus=0,
+                    n_gpu_layers=0,
+                    resource="gpus",
+                    reason=f"node has no {resources} allocatable",
+                    required=1,
+                    available=0,
+                )
+            )
+        return
+    for kind in kinds:
+        _kind_candidates(
+            node=node,
+            kind=kind,
+            model=model,
+            envelope=envelope,
+            placement=placement,
+            fits=fits,
+            rejected=rejected,
+        )
+
+
+def _kind_candidates(
+    *,
+    node: NodeInventory,
+    kind: DeviceKind,
+    model: ModelFacts,
+    envelope: RuntimeEnvelope,
+    placement: Placement,
+    fits: list[_Candidate],
+    rejected: list[Rejection],
+) -> None:
+    """Whole-model candidates on 1..N devices of ``kind`` (N = 1 for slices and MIG
+    instances), and hybrid ones where they fail."""
     full = model.n_layer + 1
 
-    def reject(resource: ResourceName, reason: str, **numbers: int) -> None:
+    def reject(resource: ResourceName, reason: str, gpus: int = 0, layers: int = 0) -> None:
         rejected.append(
             Rejection(
                 node=node.name,
                 mode=ProfileMode.GPU,
-                gpus=0,
-                n_gpu_layers=0,
+                gpus=gpus,
+                n_gpu_layers=layers,
                 resource=resource,
                 reason=reason,
-                **numbers,
+                unit=kind.unit,
             )
         )
 
-    if node.gpu_count == 0:
-        if placement.mode is PlacementMode.GPU:
-            reject("gpus", f"node has no {GPU_RESOURCE} allocatable", required=1, available=0)
+    if kind.memory_bytes is None:
+        reject("gpu-memory", f"GPU memory unknown: node lacks the {kind.memory_label} label (GFD)")
         return
-    if node.gpu_memory_bytes is None:
-        reject("gpu-memory", f"GPU memory unknown: node lacks the {GPU_MEMORY_LABEL} label (GFD)")
-        return
-    cap = placement.max_gpus_per_replica or node.gpu_count
+    cap = placement.max_gpus_per_replica or kind.count
 
     def candidate(mode: ProfileMode, gpus: int, layers: int) -> _Candidate:
-        split = _tensor_split(node=node, gpus=gpus)
+        split = _tensor_split(kind=kind, gpus=gpus)
         estimate = estimate_memory(
             model=model, envelope=envelope, n_gpu_layers=layers, gpus=gpus, tensor_split=split
         )
         return _Candidate(
             node=node,
+            kind=kind,
             mode=mode,
             gpus=gpus,
             n_gpu_layers=layers,
@@ -350,7 +416,7 @@ def _gpu_candidates(
             estimate=estimate,
         )
 
-    for gpus in range(1, node.gpu_count + 1):
+    for gpus in range(1, kind.max_per_replica + 1):
         whole = candidate(ProfileMode.GPU, gpus, full)
         problem = _memory_rejection(candidate=whole)
         if gpus > cap:
@@ -375,6 +441,19 @@ def _gpu_candidates(
         rejected.append(problem)
         if problem.resource != "gpu-memory":
             continue  # RAM is short already; offloading fewer layers only needs more
+        if not kind.combinable and kind.count > 1:
+            why = (
+                "two slices may be the same card"
+                if kind.sharing is not Sharing.NONE
+                else "a CUDA process uses one MIG instance"
+            )
+            reject(
+                "gpus",
+                f"no layer split over {kind.count} allocatable {kind.resource}: a replica "
+                f"takes one, because {why}",
+                gpus=2,
+                layers=full,
+            )
         _hybrid_candidate(
             gpus=gpus, full=full, make=candidate, fits=fits, rejected=rejected, mode=placement.mode
         )
@@ -414,6 +493,7 @@ def _hybrid_candidate(
                 mode=ProfileMode.HYBRID,
                 gpus=gpus,
                 n_gpu_layers=best.n_gpu_layers,
+                unit=best.kind.unit if best.kind is not None else "GPU(s)",
                 resource="mode",
                 reason=(
                     f"would fit as hybrid with {best.n_gpu_layers} of {full} layers on GPU, "
@@ -435,6 +515,7 @@ def _cpu_candidate(
 ) -> None:
     cand = _Candidate(
         node=node,
+        kind=None,
         mode=ProfileMode.CPU,
         gpus=0,
         n_gpu_layers=0,
@@ -457,16 +538,17 @@ def _rank(*, candidate: _Candidate, policy: PlacementPolicy, concurrency: int) -
     """Sort key: smaller is better. Families first: whole GPU, hybrid, CPU."""
     c = candidate
     family = _FAMILY[c.mode]
+    resource = c.kind.resource if c.kind is not None else ""
     if c.mode is ProfileMode.GPU:
         if policy is PlacementPolicy.BALANCED:
-            return (family, c.gpus, c.vram_headroom, c.node.name)
+            return (family, c.gpus, c.vram_headroom, c.node.name, resource)
         if policy is PlacementPolicy.LATENCY:
-            return (family, c.gpus, -c.vram_headroom, c.node.name)
-        return (family, -min(c.gpus, concurrency), c.gpus, -c.vram_headroom, c.node.name)
+            return (family, c.gpus, -c.vram_headroom, c.node.name, resource)
+        return (family, -min(c.gpus, concurrency), c.gpus, -c.vram_headroom, c.node.name, resource)
     if c.mode is ProfileMode.HYBRID:
-        return (family, -c.n_gpu_layers, c.gpus, -c.vram_headroom, c.node.name)
+        return (family, -c.n_gpu_layers, c.gpus, -c.vram_headroom, c.node.name, resource)
     # CPU: keep GPU nodes for GPU work, then the most RAM headroom.
-    return (family, c.node.gpu_count > 0, -c.ram_headroom, c.node.name)
+    return (family, c.node.has_gpus, -c.ram_headroom, c.node.name)
 
 
 def _closest(*, rejected: Sequence[Rejection], modes: set[ProfileMode]) -> Rejection | None:
@@ -548,9 +630,10 @@ def _degraded_reason(
         return None
     closest = _closest(rejected=rejected, modes={ProfileMode.GPU})
     if chosen.mode is ProfileMode.HYBRID:
+        unit = chosen.kind.unit if chosen.kind is not None else "GPU(s)"
         why = f"closest whole-GPU candidate: {closest.describe()}" if closest else "none fits"
         return (
-            f"hybrid: {chosen.n_gpu_layers} of {full} layers on {chosen.gpus} GPU(s), the rest "
+            f"hybrid: {chosen.n_gpu_layers} of {full} layers on {chosen.gpus} {unit}, the rest "
             f"on CPU, because no whole-model GPU placement fits ({why})"
         )
     if closest is not None:
@@ -573,9 +656,10 @@ def plan_placement(
 ) -> PlacementPlan:
     """Choose where one replica runs, or say with numbers why nothing fits.
 
-    Candidates per eligible node, in DESIGN order: the whole model on 1..N GPUs (layer
-    split, tensor split by GPU memory), hybrid on the GPU counts where the whole model
-    did not fit (the most layers that fit), CPU only. ``placement.mode`` CPU evaluates
+    Candidates per eligible node, in DESIGN order, for each kind of GPU device it
+    offers: the whole model on 1..N devices (layer split, tensor split by GPU memory;
+    N = 1 for a slice or MIG instance), hybrid on the counts where the whole model did
+    not fit (the most layers that fit); then CPU only. ``placement.mode`` CPU evaluates
     only CPU; GPU only whole-model GPU (a hybrid that would fit is rejected for the
     mode). The envelope is never changed.
     """
@@ -609,11 +693,12 @@ def plan_placement(
         key=lambda c: _rank(candidate=c, policy=placement.policy, concurrency=envelope.concurrency),
     )
     full = model.n_layer + 1
+    device = chosen.kind if chosen.gpus else None
     profile = Profile(
         mode=chosen.mode,
         node=chosen.node.name,
         gpus_per_replica=chosen.gpus,
-        gpu_product=chosen.node.gpu_product if chosen.gpus else None,
+        gpu_product=device.product if device is not None else None,
         n_gpu_layers=chosen.n_gpu_layers,
         total_layers=full,
         split_mode=SplitMode.LAYER if chosen.gpus > 1 else SplitMode.NONE,
@@ -622,7 +707,7 @@ def plan_placement(
         ram_bytes=chosen.estimate.ram_bytes,
         ram_available_bytes=chosen.node.memory_bytes,
         vram_bytes_per_gpu=chosen.estimate.vram_bytes_per_gpu,
-        vram_available_bytes_per_gpu=(chosen.node.gpu_memory_bytes or 0) if chosen.gpus else 0,
+        vram_available_bytes_per_gpu=chosen.vram_per_gpu if chosen.gpus else 0,
         cpu_millicores=_required_cpu(envelope=envelope),
         estimate=chosen.estimate,
         envelope=envelope,
@@ -631,8 +716,9 @@ def plan_placement(
             placement=placement,
             rejected=rejected,
             full=full,
-            gpus_anywhere=any(node.gpu_count for node in nodes),
+            gpus_anywhere=any(node.has_gpus for node in nodes),
         ),
+        device=device,
     )
     return PlacementPlan(
         selected=profile, rejected=tuple(rejected), fit_failed_message=None, envelope=envelope

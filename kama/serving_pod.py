@@ -15,6 +15,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
+from kama.accelerators import GPU_PRODUCT_LABEL, GPU_RESOURCE
 from kama.cache_layout import BLOBS_DIR
 from kama.serving_plan import (
     ARTIFACT_LAYOUT_ENV,
@@ -35,8 +36,6 @@ FINGERPRINT_LABEL: Final = "kama.dev/fingerprint"
 DRAINING_LABEL: Final = "kama.dev/draining"
 ORDINAL_ANNOTATION: Final = "kama.dev/ordinal"
 ARGS_ANNOTATION: Final = "kama.dev/llama-server-args"
-GPU_RESOURCE: Final = "nvidia.com/gpu"
-GPU_PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
 RUNTIME_USER: Final = 65532
 GRACE_BEYOND_DRAIN_S: Final = 15
 SERVING_PLAN_ENV: Final = "KAMA_SERVING_PLAN"
@@ -61,7 +60,13 @@ PLAN_FIELDS_ADDED_LATER: Final = (
     "draft_max",
     "draft_min",
 )
-TEMPLATE_FIELDS_ADDED_LATER: Final = ("node", "draft_claim_name", "draft_sub_path")
+TEMPLATE_FIELDS_ADDED_LATER: Final = (
+    "node",
+    "gpu_resource",
+    "gpu_product_label",
+    "draft_claim_name",
+    "draft_sub_path",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +82,11 @@ class ServingTemplate:
     memory_limit: str | None = None
     gpus: int = 0
     gpu_product: str | None = None
+    gpu_resource: str | None = None
+    """The extended resource requested `gpus` of (a MIG profile's, a renamed shared
+    one); None: `nvidia.com/gpu`."""
+    gpu_product_label: str | None = None
+    """The node label `gpu_product` is read from; None: `nvidia.com/gpu.product`."""
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: list[dict[str, Any]] = field(default_factory=list)
     node: str | None = None
@@ -114,7 +124,8 @@ def _resources(template: ServingTemplate) -> dict[str, Any]:
     if template.memory_limit:
         limits["memory"] = template.memory_limit
     if template.gpus:
-        requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(template.gpus)
+        resource = template.gpu_resource or GPU_RESOURCE
+        requests[resource] = limits[resource] = str(template.gpus)
     return {"requests": requests, **({"limits": limits} if limits else {})}
 
 
@@ -129,12 +140,14 @@ def _layout_env(template: ServingTemplate) -> list[dict[str, str]]:
 
 
 def _affinity(template: ServingTemplate) -> dict[str, Any] | None:
-    """Required node affinity: the GPU product the plan counted on, and the one node
-    of a single-node claim (by name, as a DaemonSet pins its pods)."""
+    """Required node affinity: the GPU product the plan counted on (by the label it
+    was read from), and the one node of a single-node claim (by name, as a DaemonSet
+    pins its pods)."""
     term: dict[str, list[dict[str, Any]]] = {}
     if template.gpus and template.gpu_product:
+        label = template.gpu_product_label or GPU_PRODUCT_LABEL
         term["matchExpressions"] = [
-            {"key": GPU_PRODUCT_LABEL, "operator": "In", "values": [template.gpu_product]}
+            {"key": label, "operator": "In", "values": [template.gpu_product]}
         ]
     if template.node:
         term["matchFields"] = [

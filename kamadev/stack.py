@@ -29,6 +29,7 @@ from kamadev.binaries import (
 )
 from kamadev.cluster import ClusterEndpoints, LocalCluster
 from kamadev.fake_nodes import FAKE_NODE_LABEL, now, ready_conditions
+from kamadev.gpu_nodes import Published
 from kamadev.host_service import host_service
 from kamadev.processes import ManagedProcess, free_port, sweep, wait_for_port, wait_until
 from kamadev.realnode.network import OctetClaim
@@ -59,6 +60,9 @@ class GPUNode:
     memory_mib: int = 81559
     cpu: str = "64"
     memory: str = "512Gi"
+    published: Published | None = None
+    """What GFD and the device plugin publish (``kamadev.gpu_nodes``: time-slicing,
+    MIG...); None: ``gpus`` whole cards of ``product`` and ``memory_mib``."""
 
 
 class LocalStack:
@@ -253,11 +257,16 @@ class LocalStack:
             "kubernetes.io/hostname": spec.name,
             "kubernetes.io/os": "linux",
             FAKE_NODE_LABEL: "true",
-            "nvidia.com/gpu.present": "true",
-            "nvidia.com/gpu.product": spec.product,
-            "nvidia.com/gpu.memory": str(spec.memory_mib),
-            "nvidia.com/gpu.count": str(spec.gpus),
         }
+        if spec.published is None:
+            labels |= {
+                "nvidia.com/gpu.present": "true",
+                "nvidia.com/gpu.product": spec.product,
+                "nvidia.com/gpu.memory": str(spec.memory_mib),
+                "nvidia.com/gpu.count": str(spec.gpus),
+            }
+        else:
+            labels |= spec.published.labels
         try:
             core.create_node(k8s.V1Node(metadata=k8s.V1ObjectMeta(name=spec.name, labels=labels)))
         except k8s.ApiException as exc:
@@ -267,7 +276,11 @@ class LocalStack:
             "cpu": spec.cpu,
             "memory": spec.memory,
             "pods": "110",
-            "nvidia.com/gpu": str(spec.gpus),
+            **(
+                {"nvidia.com/gpu": str(spec.gpus)}
+                if spec.published is None
+                else spec.published.allocatable
+            ),
         }
         core.patch_node_status(
             spec.name,

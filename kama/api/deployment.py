@@ -398,6 +398,12 @@ class ResolvedProfile(KamaModel):
     mode: Literal["CPU", "GPU", "Hybrid"]
     node: str | None = Field(default=None, max_length=253)
     gpus_per_replica: int = Field(default=0, ge=0)
+    gpu_resource: str | None = Field(default=None, max_length=253)
+    """The extended resource each replica requests gpusPerReplica of (nvidia.com/gpu,
+    nvidia.com/mig-1g.10gb)."""
+    gpu_sharing: str | None = Field(default=None, max_length=64)
+    """How that device is shared: time-slicing or mps (each replica counts the card's
+    memory divided by its replicas) or MIG; absent for whole cards."""
     gpu_layers: int = Field(default=0, ge=0)
     split_mode: str | None = Field(default=None, max_length=16)
     tensor_split: list[float] = Field(default_factory=list, max_length=16)

@@ -43,6 +43,7 @@ from kama.planner import (
     plan_placement,
 )
 from kama.quantities import parse_bytes, parse_cpu_millicores, parse_quantity
+from kamadev import gpu_nodes
 from kamadev.gguf_factory import ModelShape, write_model
 
 GIB = 1 << 30
@@ -95,7 +96,9 @@ def synthetic_model(
     )
 
 
-# ~11 GiB of weights: one 24 GB GPU.
+# ~5 GiB of weights, ~5.6 GiB of VRAM at 4k context: a 6 GiB slice of a 24 GiB card.
+M3 = synthetic_model(n_layer=24, n_embd=3072, n_ff=8192, n_head=24, n_head_kv=8)
+# ~11 GiB of weights (~12 GiB VRAM): one 24 GB GPU.
 M7 = synthetic_model(n_layer=32, n_embd=4096, n_ff=11008, n_head=32, n_head_kv=8)
 # ~24 GiB, full multi-head attention (a large KV): two 24 GB GPUs.
 M13 = synthetic_model(n_layer=40, n_embd=5120, n_ff=13824, n_head=40, n_head_kv=40)
@@ -103,6 +106,28 @@ M13 = synthetic_model(n_layer=40, n_embd=5120, n_ff=13824, n_head=40, n_head_kv=
 M34 = synthetic_model(n_layer=48, n_embd=8192, n_ff=22016, n_head=64, n_head_kv=8)
 
 H100_MIB, L4_MIB, A10_MIB, RTX4090_MIB = 81559, 23034, 23028, 24564
+
+
+def published_node(
+    name: str,
+    published: gpu_nodes.Published,
+    *,
+    ram_gib: int = 256,
+    cpu: int = 64,
+    taints: tuple[Taint, ...] = (),
+    labels: Mapping[str, str] | None = None,
+) -> NodeInventory:
+    """A node as GFD and the device plugin publish it, read the production way."""
+    return node_from_k8s(
+        gpu_nodes.node_object(
+            name=name,
+            published=published,
+            cpu=str(cpu),
+            memory=f"{ram_gib}Gi",
+            labels=labels,
+            taints=[{"key": k, "value": v, "effect": e} for k, v, e in taints],
+        )
+    )
 
 
 def gpu_node(
@@ -116,19 +141,8 @@ def gpu_node(
     taints: tuple[Taint, ...] = (),
     labels: Mapping[str, str] | None = None,
 ) -> NodeInventory:
-    all_labels = {"nvidia.com/gpu.product": product, **(labels or {})}
-    if memory_mib is not None:
-        all_labels["nvidia.com/gpu.memory"] = str(memory_mib)
-    return NodeInventory(
-        name=name,
-        cpu_millicores=cpu * 1000,
-        memory_bytes=ram_gib * GIB,
-        gpu_count=count,
-        gpu_product=product,
-        gpu_memory_mib=memory_mib,
-        taints=taints,
-        labels=all_labels,
-    )
+    whole = gpu_nodes.whole_gpus(product=product, memory_mib=memory_mib, count=count)
+    return published_node(name, whole, ram_gib=ram_gib, cpu=cpu, taints=taints, labels=labels)
 
 
 def cpu_node(
@@ -158,6 +172,44 @@ TAINTED_H100 = dataclasses.replace(H100X1, name="h100-tainted", taints=(GPU_TAIN
 
 CTX4K = RuntimeEnvelope(context_size=4096)
 
+# GPUs as GFD and the device plugin publish them (kama.accelerators reads them).
+CARD_24G_MIB = 24576
+TIME_SLICED = published_node(  # one 24 GiB card, 4 time-slicing replicas: 4 x 6 GiB
+    "l4-sliced",
+    gpu_nodes.shared_gpus(product="NVIDIA-L4", memory_mib=CARD_24G_MIB, count=1, replicas=4),
+)
+TIME_SLICED_X2 = published_node(  # two such cards: 8 slices, never a split over two
+    "l4-sliced-2",
+    gpu_nodes.shared_gpus(product="NVIDIA-L4", memory_mib=CARD_24G_MIB, count=2, replicas=4),
+)
+MPS_RENAMED = published_node(  # MPS, renameByDefault: nvidia.com/gpu.shared, no -SHARED
+    "l4-mps",
+    gpu_nodes.shared_gpus(
+        product="NVIDIA-L4",
+        memory_mib=CARD_24G_MIB,
+        count=1,
+        replicas=4,
+        strategy="mps",
+        rename_by_default=True,
+    ),
+)
+A100_80_MIB, MIG_1G10_MIB, MIG_3G40_MIB, MIG_3G20_MIB = 81920, 9728, 40192, 19968
+MIG_MIXED = published_node(  # 4 x 1g.10gb and 1 x 3g.40gb on one A100 80GB
+    "a100-mig",
+    gpu_nodes.mig_mixed(
+        product="NVIDIA-A100-SXM4-80GB",
+        memory_mib=A100_80_MIB,
+        cards=1,
+        profiles={"1g.10gb": (4, MIG_1G10_MIB), "3g.40gb": (1, MIG_3G40_MIB)},
+    ),
+)
+MIG_SINGLE = published_node(  # two A100 40GB, each as 2 x 3g.20gb, behind nvidia.com/gpu
+    "a100-mig-single",
+    gpu_nodes.mig_single(
+        product="NVIDIA-A100-SXM4-40GB", profile="3g.20gb", memory_mib=MIG_3G20_MIB, count=4
+    ),
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class Case:
@@ -170,6 +222,7 @@ class Case:
     envelope: RuntimeEnvelope = CTX4K
     placement: Placement = dataclasses.field(default_factory=Placement)
     rejected: tuple[str, ...] = ()  # each must appear in some rejection's description
+    resource: str | None = None  # the GPU resource each replica requests, when checked
     message: tuple[str, ...] = ()  # each must appear in the FitFailed message / degraded reason
 
 
@@ -421,6 +474,108 @@ CASES = [
         rejected=("cpu-4 (node): needs 8000m CPU, node has 4000m allocatable",),
     ),
     Case("no-nodes", M7, (), None, message=("there are no nodes",)),
+    # Time-slicing: a slice is a quarter of one card, and a replica takes one.
+    Case("time-sliced-5g-model-fits-a-slice", M3, (TIME_SLICED,), ProfileMode.GPU, "l4-sliced", 1),
+    Case(
+        "time-sliced-12g-model-does-not-fit-a-6g-slice",
+        M7,
+        (TIME_SLICED,),
+        None,
+        placement=Placement(mode=PlacementMode.GPU),
+        rejected=(
+            "l4-sliced (GPU on 1 time-slicing nvidia.com/gpu, 33 GPU layers): needs",
+            "a time-slicing slice of NVIDIA-L4-SHARED has 6.0 GiB (6442450944 bytes): "
+            "one 24.0 GiB card shared by 4 replicas",
+            "no layer split over 4 allocatable nvidia.com/gpu: a replica takes one, "
+            "because two slices may be the same card",
+        ),
+        message=("closest: l4-sliced (GPU on 1 time-slicing nvidia.com/gpu",),
+    ),
+    Case(
+        "time-sliced-auto-is-hybrid-on-one-slice",
+        M7,
+        (TIME_SLICED,),
+        ProfileMode.HYBRID,
+        "l4-sliced",
+        1,
+        message=("on 1 time-slicing nvidia.com/gpu, the rest on CPU", "has 6.0 GiB"),
+    ),
+    Case(
+        "time-sliced-cards-are-never-combined",  # 2 x 24 GiB whole cards would split it
+        M13,
+        (TIME_SLICED_X2,),
+        ProfileMode.HYBRID,
+        "l4-sliced-2",
+        1,
+        rejected=("no layer split over 8 allocatable nvidia.com/gpu",),
+    ),
+    Case(
+        "mps-renamed-requests-the-shared-resource",
+        M3,
+        (MPS_RENAMED,),
+        ProfileMode.GPU,
+        "l4-mps",
+        1,
+        resource="nvidia.com/gpu.shared",
+    ),
+    Case(
+        "whole-card-preferred-to-hybrid-on-a-slice",
+        M7,
+        (TIME_SLICED, L4X1),
+        ProfileMode.GPU,
+        "l4-1",
+        1,
+        resource="nvidia.com/gpu",
+    ),
+    # MIG, mixed strategy: each profile is a device kind with its own memory.
+    Case(
+        "mig-mixed-smallest-profile-that-fits",
+        M3,
+        (MIG_MIXED,),
+        ProfileMode.GPU,
+        "a100-mig",
+        1,
+        resource="nvidia.com/mig-1g.10gb",
+    ),
+    Case(
+        "mig-mixed-larger-profile-when-small-is-short",
+        M7,
+        (MIG_MIXED,),
+        ProfileMode.GPU,
+        "a100-mig",
+        1,
+        resource="nvidia.com/mig-3g.40gb",
+        rejected=(
+            "a100-mig (GPU on 1 MIG nvidia.com/mig-1g.10gb, 33 GPU layers): needs",
+            "MIG instance NVIDIA-A100-SXM4-80GB-MIG-1g.10gb has 9.5 GiB",
+        ),
+    ),
+    Case(
+        "mig-mixed-latency-takes-the-roomiest-profile",
+        M3,
+        (MIG_MIXED,),
+        ProfileMode.GPU,
+        "a100-mig",
+        1,
+        resource="nvidia.com/mig-3g.40gb",
+        placement=Placement(policy=PlacementPolicy.LATENCY),
+    ),
+    # MIG, single strategy: nvidia.com/gpu is an instance; a replica takes one.
+    Case("mig-single-instance", M7, (MIG_SINGLE,), ProfileMode.GPU, "a100-mig-single", 1),
+    Case(
+        "mig-single-instances-are-never-combined",
+        M13,
+        (MIG_SINGLE,),
+        ProfileMode.HYBRID,
+        "a100-mig-single",
+        1,
+        resource="nvidia.com/gpu",
+        rejected=(
+            "MIG instance NVIDIA-A100-SXM4-40GB-MIG-3g.20gb has 19.5 GiB",
+            "no layer split over 4 allocatable nvidia.com/gpu: a replica takes one, "
+            "because a CUDA process uses one MIG instance",
+        ),
+    ),
 ]
 
 
@@ -462,6 +617,8 @@ def test_placement(case: Case) -> None:
         case.gpus,
     ), descriptions
     assert profile.decision == "Estimated"
+    if case.resource is not None:
+        assert profile.device is not None and profile.device.resource == case.resource
     full = case.model.n_layer + 1
     assert profile.total_layers == full
     assert profile.ram_bytes <= profile.ram_available_bytes
@@ -478,7 +635,7 @@ def test_placement(case: Case) -> None:
         assert profile.n_gpu_layers == 0 and profile.vram_bytes_per_gpu == 0
         assert profile.gpu_product is None
         as_asked = case.placement.mode is PlacementMode.CPU or not any(
-            node.gpu_count for node in case.nodes
+            node.has_gpus for node in case.nodes
         )
         assert (profile.degraded_reason is None) == as_asked
     if profile.gpus_per_replica > 1:
@@ -788,9 +945,9 @@ def test_node_from_k8s_realistic() -> None:
     node = node_from_k8s(H100_NODE_JSON)
     assert node.name == "gpu-node-7"
     assert node.cpu_millicores == 191450 and node.memory_bytes == 2048 * GIB
-    assert node.gpu_count == 8 and node.gpu_memory_mib == H100_MIB
-    assert node.gpu_product == "NVIDIA-H100-80GB-HBM3"
-    assert node.gpu_memory_bytes == H100_MIB * MIB
+    (gpus,) = node.gpus
+    assert (gpus.resource, gpus.count, gpus.combinable) == ("nvidia.com/gpu", 8, True)
+    assert gpus.product == "NVIDIA-H100-80GB-HBM3" and gpus.memory_bytes == H100_MIB * MIB
     assert node.taints == (
         ("nvidia.com/gpu", "present", "NoSchedule"),
         ("example.com/maintenance", "", "PreferNoSchedule"),
@@ -815,7 +972,7 @@ def test_node_from_k8s_cpu_node_cordoned() -> None:
             "status": {"allocatable": {"cpu": "4", "memory": "16Gi"}},
         }
     )
-    assert (node.gpu_count, node.gpu_memory_mib, node.gpu_product) == (0, None, None)
+    assert node.gpus == () and not node.has_gpus
     assert node.taints == (("node.kubernetes.io/unschedulable", "", "NoSchedule"),)
     plan = plan_placement(model=M7, envelope=CTX4K, placement=Placement(), nodes=(node,))
     _assert_envelope_echoed(plan, CTX4K)

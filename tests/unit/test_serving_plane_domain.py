@@ -145,6 +145,21 @@ def test_fingerprint_without_a_pinned_node_is_the_one_running_pods_carry() -> No
     assert template(node="a").fingerprint() != template().fingerprint()
 
 
+def test_gpu_templates_keep_their_fingerprints() -> None:
+    """`gpu_resource` and `gpu_product_label` came later: a template on whole
+    nvidia.com/gpu cards leaves them unset and keeps the fingerprint its pods carry;
+    a MIG profile's template is another template."""
+    plain = template(gpus=2, gpu_product="NVIDIA-L4")
+    assert plain.fingerprint() == "447b5949f4"
+    mig = template(
+        gpus=1,
+        gpu_product="NVIDIA-A100-SXM4-80GB-MIG-1g.10gb",
+        gpu_resource="nvidia.com/mig-1g.10gb",
+        gpu_product_label="nvidia.com/mig-1g.10gb.product",
+    )
+    assert mig.fingerprint() != dataclasses.replace(mig, gpu_resource=None).fingerprint()
+
+
 def test_a_pinned_template_keeps_its_pods_on_its_node() -> None:
     spec = serving_pod_manifest(
         template=template(node="node-a", gpus=1, gpu_product="NVIDIA-L4"),
