@@ -42,11 +42,12 @@ from kama.api.deployment_choices import PlacementMode
 from kama.deployment_plan import ArtifactNotUsable, model_facts, runtime_envelope, serving_plan
 from kama.gguf.artifact_status import gguf_info
 from kama.memory import MIB
-from kama.node_inventory import NodeInventory
+from kama.node_inventory import node_from_k8s
 from kama.offload_check import check_offload
 from kama.planner import Placement, plan_placement
 from kama.serving_plan import ServingPlan
 from kamadev.gguf_factory import ModelShape, write_model
+from kamadev.gpu_nodes import node_object, whole_gpus
 from kamadev.processes import free_port
 
 CONTEXTS: Final = (2048, 8192, 32768)
@@ -258,10 +259,13 @@ def gpu_plan(*, model: Path, context: int, gpu_name: str, gpu_mib: int) -> GpuPl
     except ArtifactNotUsable as exc:
         return f"not placed: {exc}"
     envelope = runtime_envelope(Runtime.model_validate({"contextSize": context, "concurrency": 1}))
-    node = NodeInventory(
-        name="gpu", cpu_millicores=64_000, memory_bytes=1 << 40, gpu_count=1,
-        gpu_product=gpu_name, gpu_memory_mib=gpu_mib,
-    )  # fmt: skip
+    node = node_from_k8s(
+        node_object(
+            name="gpu",
+            published=whole_gpus(product=gpu_name, memory_mib=gpu_mib, count=1),
+            memory="1Ti",
+        )
+    )
     placed = plan_placement(
         model=facts, envelope=envelope, placement=Placement(mode=PlacementMode.GPU), nodes=[node]
     )
