@@ -122,6 +122,9 @@ def lost_nodes(nodes: list[dict[str, Any]], *, pods: list[dict[str, Any]]) -> se
     return lost
 
 
+EXIT_MESSAGE_CHARS = 512  # of a container's termination message, in a pod's exit reason
+
+
 def observed_pod(pod: dict[str, Any], *, lost: Collection[str] = ()) -> ObservedPod:
     """`lost`: the nodes whose pods count for nothing (see `lost_nodes`)."""
     meta, status = pod["metadata"], pod.get("status") or {}
@@ -131,9 +134,10 @@ def observed_pod(pod: dict[str, Any], *, lost: Collection[str] = ()) -> Observed
     for container in status.get("containerStatuses") or []:
         terminated = (container.get("state") or {}).get("terminated")
         if terminated:
+            said = str(terminated.get("message") or "").strip()[:EXIT_MESSAGE_CHARS]
             exit_reason = (
                 f"{container['name']} exited {terminated.get('exitCode')}"
-                f" ({terminated.get('reason') or 'Error'})"
+                f" ({terminated.get('reason') or 'Error'})" + (f": {said}" if said else "")
             )
     labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
     return ObservedPod(

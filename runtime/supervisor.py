@@ -44,11 +44,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 from kama.cache_layout import MANIFEST_NAME, READY_NAME, Manifest, ManifestFile
+from kama.offload_check import check_offload
 from kama.serving_key import LLAMA_API_KEY_ENV, bearer
 from kama.serving_plan import (
     ARTIFACT_LAYOUT_ENV,
@@ -71,6 +73,11 @@ LOADING_WAIT_S = 0.7
 LOADING_POLL_S = 0.05
 DRAIN_POLL_S = 0.5
 STOP_GRACE_S = 10.0
+# llama-server's stderr lines kept for the offload check (its load log is ~200 lines
+# at -lv 4, a dozen at the default)
+LOAD_LOG_LINES = 4000
+TERMINATION_LOG = Path("/dev/termination-log")  # the pod's terminationMessagePath
+OFFLOAD_FAILED_EXIT = 3
 
 
 class ArtifactNotServable(Exception):
@@ -191,6 +198,7 @@ class Supervisor:
         self.draining = threading.Event()
         self.child: subprocess.Popen[bytes] | None = None
         self.was_ready = False  # llama-server has loaded (probes no longer wait)
+        self.load_log: deque[str] = deque(maxlen=LOAD_LOG_LINES)
 
     def _get(self, path: str) -> tuple[int, Any]:
         """GET one of llama-server's own routes (stdlib http.client: importing httpx
@@ -209,7 +217,33 @@ class Supervisor:
             model_dir=str(self.models_dir), host=self.host, port=LLAMA_PORT
         )
         log.info("starting llama-server %s", " ".join(args))
-        self.child = subprocess.Popen([self.llama_server, *args])
+        if not self.plan.n_gpu_layers:
+            self.child = subprocess.Popen([self.llama_server, *args])
+            return
+        # a GPU plan: llama-server's stderr passes through the supervisor, which reads
+        # what it says of the GPU (`offload_failure`)
+        self.child = subprocess.Popen([self.llama_server, *args], stderr=subprocess.PIPE)
+        assert self.child.stderr is not None
+        threading.Thread(
+            target=self._relay_stderr, args=(self.child.stderr,), name="stderr", daemon=True
+        ).start()
+
+    def _relay_stderr(self, stream: IO[bytes]) -> None:
+        for raw in stream:
+            sys.stderr.buffer.write(raw)
+            sys.stderr.buffer.flush()
+            self.load_log.append(raw.decode(errors="replace").rstrip("\n"))
+
+    def offload_failure(self) -> str | None:
+        """Why llama-server does not run the plan's GPU layers on a GPU, or None. A
+        llama-server without a usable GPU (a CPU build, a CUDA build that found no
+        device or no driver) says so at any verbosity and computes on the CPU; with a
+        GPU, `--fit off` makes one that cannot place its layers fail to load instead.
+        The count line (`offloaded N/M layers`, only at -lv 4) is checked when present."""
+        if not self.plan.n_gpu_layers:
+            return None
+        check = check_offload(list(self.load_log), n_gpu_layers=self.plan.n_gpu_layers)
+        return None if check.ok or not check.known else check.reason
 
     def ready(self) -> tuple[bool, str]:
         if self.draining.is_set():
@@ -218,6 +252,8 @@ class Supervisor:
             return False, "checking the artifact"
         if self.child.poll() is not None:
             return False, "llama-server is not running"
+        if failure := self.offload_failure():
+            return False, failure
         try:
             if self._get("/health")[0] != 200:
                 return False, "llama-server /health is not ok yet"
@@ -311,6 +347,24 @@ class Supervisor:
         return server
 
 
+def _stop_for(supervisor: Supervisor, *, server: ThreadingHTTPServer, failure: str) -> int:
+    """A replica that would hold a GPU while computing on the CPU stops, saying why in
+    its termination message (the rollout reports it in the deployment's status)."""
+    print(f"kama runtime: stopping: {failure}", file=sys.stderr, flush=True)
+    try:
+        TERMINATION_LOG.write_text(failure[:4096])
+    except OSError:
+        log.warning("cannot write %s", TERMINATION_LOG)
+    if supervisor.child is not None:
+        supervisor.child.terminate()
+        try:
+            supervisor.child.wait(STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            supervisor.child.kill()
+    server.shutdown()
+    return OFFLOAD_FAILED_EXIT
+
+
 def run_runtime() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     plan = ServingPlan.from_json(os.environ[SERVING_PLAN_ENV])
@@ -342,6 +396,8 @@ def run_runtime() -> int:
         return 0
     supervisor.start_child()
     while not stop.wait(0.5):
+        if failure := supervisor.offload_failure():
+            return _stop_for(supervisor, server=server, failure=failure)
         if supervisor.child is not None and supervisor.child.poll() is not None:
             code = supervisor.child.returncode
             log.error("llama-server exited with %s", code)

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from activities.serving_pods import observed_pod
 from kama.serving_plan import LLAMA_PORT, SUPERVISOR_PORT, ServingPlan
 from kama.serving_pod import ServingTemplate, serving_pod_manifest
 from kamadev.gguf_factory import ModelShape, write_model
@@ -38,16 +39,51 @@ def runtime_pod(namespace: str, name: str, *, plan: ServingPlan, sub_path: str) 
     return pod
 
 
-def test_runtime_serves_checks_and_drains(
-    kama_control: KamaControl, namespace: str, tmp_path: Path
-) -> None:
-    control = kama_control
+def imported_tiny(control: KamaControl, namespace: str, tmp_path: Path) -> tuple[str, str]:
+    """A generated model imported as the artifact `tiny`: its manifest digest (hex) and
+    the subPath a serving pod mounts."""
     repo = f"acme/long-{uuid.uuid4().hex[:6]}"
     model = write_model(tmp_path / "long.gguf", shape=ModelShape(n_ctx=8192, seed=51))
     control.hub.add_repo(repo, {"tiny.gguf": model})
     apply(control.stack, cache(namespace), hf_artifact(namespace, "tiny", repo, ["tiny.gguf"]))
     status = wait_condition(control, namespace, "tiny", "Ready")["status"]
-    digest = status["manifestDigest"].removeprefix("sha256:")
+    return status["manifestDigest"].removeprefix("sha256:"), status["servingLocation"]["subPath"]
+
+
+def test_a_gpu_plan_on_a_llama_server_without_a_gpu_stops_naming_both_numbers(
+    kama_control: KamaControl, namespace: str, tmp_path: Path
+) -> None:
+    """The pinned CPU llama-server ignores --n-gpu-layers with a warning and would serve
+    from the CPU; the runtime stops instead, and the pod's exit reason (which the
+    rollout puts in RuntimeReady's message) says how many layers went to a GPU."""
+    control = kama_control
+    digest, sub_path = imported_tiny(control, namespace, tmp_path)
+    plan = ServingPlan(
+        entrypoint="tiny.gguf", manifest_digest=digest, ctx_total=1024, concurrency=1,
+        n_gpu_layers=3, gpus=1,
+    )  # fmt: skip
+    apply(control.stack, runtime_pod(namespace, "cpu-only", plan=plan, sub_path=sub_path))
+
+    def stopped() -> dict[str, Any] | None:
+        pod: dict[str, Any] = get_json(control.stack, "pod", "cpu-only", "-n", namespace)
+        statuses = pod.get("status", {}).get("containerStatuses") or []
+        return pod if statuses and statuses[0]["state"].get("terminated") else None
+
+    pod = eventually(stopped, timeout=90, what="the CPU-computing GPU replica to stop")
+    reason = observed_pod(pod).exit_reason
+    assert reason == (
+        "runtime exited 3 (Error): llama-server offloaded 0 of 3 planned GPU layers "
+        "(no usable GPU found)"
+    ), reason
+    ready = {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}
+    assert ready.get("Ready") != "True", "it never served"
+
+
+def test_runtime_serves_checks_and_drains(
+    kama_control: KamaControl, namespace: str, tmp_path: Path
+) -> None:
+    control = kama_control
+    digest, sub_path = imported_tiny(control, namespace, tmp_path)
     plan = ServingPlan(
         entrypoint="tiny.gguf",
         manifest_digest=digest,
@@ -55,7 +91,6 @@ def test_runtime_serves_checks_and_drains(
         concurrency=2,
         drain_timeout_s=60,
     )
-    sub_path = status["servingLocation"]["subPath"]
 
     wrong = ServingPlan(
         entrypoint="tiny.gguf", manifest_digest="0" * 64, ctx_total=1024, concurrency=2
