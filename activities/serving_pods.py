@@ -38,12 +38,15 @@ from kama.serving_pod import (
 )
 from kama.tenancy import TenancyPolicy
 
+MAX_ADAPTERS = 8  # spec.adapters' maxItems: a forged request reads no more
+
 
 @dataclass(frozen=True)
 class InputsRequest:
     namespace: str
     artifact: str
     draft: str | None = None  # spec.runtime.draftModelRef
+    adapters: list[str] = field(default_factory=list)  # spec.adapters' artifactRefs
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,8 @@ class DeploymentInputs:
     # where pods mount the artifact's claim, when only one node at a time can
     claim_nodes: list[str] = field(default_factory=list)
     draft_status: dict[str, Any] | None = None  # None: no draft asked, or it does not exist
+    # by artifact name; None: it does not exist
+    adapter_statuses: dict[str, dict[str, Any] | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -202,6 +207,10 @@ class ServingPodActivities:
             nodes=[_node_facts(n) for n in nodes],
             claim_nodes=self._claim_nodes(request.namespace, artifact_status),
             draft_status=draft_status,
+            adapter_statuses={
+                name: self._artifact_status(request.namespace, name)
+                for name in dict.fromkeys(request.adapters[:MAX_ADAPTERS])
+            },
         )
 
     def _artifact_status(self, namespace: str, name: str) -> dict[str, Any] | None:

@@ -40,6 +40,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from temporalio.client import Client
 
+from gateway.adapters import SEPARATOR
 from gateway.auth import AccessControl, aliases_for, visible_models
 from gateway.backend_load import poll_backend_load
 from gateway.demand import gateway_identity, report_demand
@@ -209,6 +210,17 @@ def public_app(holder: GatewayHolder) -> FastAPI:
                     "ready": bool(m.endpoints),
                 }
             )
+            data += [
+                {
+                    "id": f"{m.key}{SEPARATOR}{adapter}",
+                    "object": "model",
+                    "created": m.created,
+                    "owned_by": "kama",
+                    "adapter_of": m.key,  # a LoRA adapter, applied to that model
+                    "ready": bool(m.endpoints),
+                }
+                for adapter, _ in m.adapters
+            ]
         return {"object": "list", "data": data}
 
     return app

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.adapters import lora_field, split_adapter, with_lora
 from gateway.affinity import affinity_key
 from gateway.api_routes import InferenceRoute, match_inference
 from gateway.auth import AccessControl, Caller, check_model, resolve_for
@@ -64,6 +65,20 @@ def resolve(registry: ModelRegistry, name: str, caller: Caller | None = None) ->
         raise GatewayError(404, f"model {name!r} does not exist", code="model_not_found")
     check_model(caller, model, asked_as=name)
     return model
+
+
+def resolve_selected(
+    registry: ModelRegistry, name: str, caller: Caller | None
+) -> tuple[Model, str | None]:
+    """The model `name` routes to and the adapter it selects: a name that routes as it
+    is selects none; else `<model>:<adapter>` (`gateway.adapters`)."""
+    split = split_adapter(name)
+    if resolve_for(registry, name, caller) is not None or split is None:
+        return resolve(registry, name, caller), None
+    base, adapter = split
+    if resolve_for(registry, base, caller) is None:
+        return resolve(registry, name, caller), None  # the 404 names what was asked
+    return resolve(registry, base, caller), adapter
 
 
 def is_json(content_type: object) -> bool:
@@ -114,9 +129,13 @@ async def serve_inference(
             name = model_name(request.headers.get(MODEL_HEADER, ""))
         else:
             name = model_name(fields.get("model"))
-        model = resolve(proxy.registry, name, caller)
+        model, adapter = resolve_selected(proxy.registry, name, caller)
         route.check_mode(mode=model.mode, model=name)
         affinity = affinity_key(fields) if model.prefix_affinity else None
+        body = request.body
+        if adapter is not None:
+            lora = lora_field(adapters=model.adapters, adapter=adapter, model=model.key)
+            body = with_lora(fields, lora)
         # only the raw body is kept while the request waits or is forwarded: the
         # held-bytes budget counts it, and parsed JSON can cost many times its size
         del fields
@@ -125,7 +144,7 @@ async def serve_inference(
             affinity=affinity,
             method=request.method,
             path=route.upstream_path,
-            body=request.body,
+            body=body,
             headers=request.headers,
             route=route.route,
             reply=reply,

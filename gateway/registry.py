@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from gateway.adapters import Adapters, adapters_of
 from gateway.aliases import alias_owners
 from gateway.api_routes import serving_mode
 from gateway.deployment_status import cannot_start, not_serving_reason
@@ -102,6 +103,7 @@ class Model:
     report_period_s: float = 60.0  # kama.autoscaling.report_period of its spec
     prefix_affinity: bool = False  # spec.routing.strategy PrefixAffinity
     mode: ServingMode = ServingMode.GENERATION  # spec.runtime.mode: the routes it serves
+    adapters: Adapters = ()  # spec.adapters: (name, scale) in llama-server's load order
     created: int = 0
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     slot_waiters: deque[SlotWaiter] = field(default_factory=deque)  # every replica full
@@ -242,6 +244,7 @@ class ModelRegistry:
         ).total_seconds()
         model.prefix_affinity = (spec.get("routing") or {}).get("strategy") == "PrefixAffinity"
         model.mode = serving_mode((spec.get("runtime") or {}).get("mode"))
+        model.adapters = adapters_of(spec)
         model.reason = not_serving_reason(obj)
         model.cannot_start = cannot_start(obj)
         self._update_ready(model)  # held requests learn if it cannot start

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from kama.accelerators import GPU_PRODUCT_LABEL, GPU_RESOURCE, DeviceKind, Sharing
-from kama.api import GGUFInfo, ModelArtifactStatus, ServingLocation
+from kama.api import ModelArtifactStatus
 from kama.api.deployment import (
     DeploymentCondition,
     MemoryBreakdown,
@@ -33,18 +33,15 @@ from kama.api.deployment import (
     Runtime,
 )
 from kama.api.deployment_choices import POOLED_MODES, PlacementMode, ServingMode
-from kama.architectures import DIFFUSION_ARCHITECTURES
-from kama.cache_layout import BLOBS_DIR
+from kama.artifact_facts import ArtifactNotUsable, entrypoint_of, model_facts, usable
+from kama.companion_plan import CompanionPlan
 from kama.conditions import ConditionUpdate
 from kama.durations import parse_duration
-from kama.gguf.shards import parse_shard_name
 from kama.memory import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MICRO_BATCH_SIZE,
     MIB,
-    Companions,
     DeviceEstimate,
-    ModelFacts,
     RuntimeEnvelope,
     format_bytes,
 )
@@ -58,88 +55,29 @@ from kama.planner import (
 )
 from kama.quantities import parse_bytes
 from kama.reasons import DeploymentReason as R
-from kama.serving_plan import DRAFT_DIR, CompanionArtifact, ServingPlan, load_mode
+from kama.serving_plan import ServingPlan, load_mode
 from kama.serving_pod import ServingTemplate
+
+__all__ = [
+    "MAX_REJECTED_IN_STATUS",
+    "SINGLE_NODE_ACCESS_MODES",
+    "ArtifactNotUsable",
+    "DeploymentDecision",
+    "decide_deployment",
+    "degraded_condition",
+    "describe_profile",
+    "entrypoint_of",
+    "model_facts",
+    "mounted_by_one_node",
+    "nodes_holding_claim",
+    "nodes_that_mount",
+    "prompt_cache_mib",
+    "runtime_envelope",
+    "serving_plan",
+]
 
 MAX_REJECTED_IN_STATUS: Final = 64
 SINGLE_NODE_ACCESS_MODES: Final = frozenset({"ReadWriteOnce", "ReadWriteOncePod"})
-
-
-class ArtifactNotUsable(ValueError):
-    """The artifact is Ready but lacks what placement needs (facts or location)."""
-
-
-def model_facts(info: GGUFInfo) -> ModelFacts:
-    """What the planner needs from the artifact's ``status.gguf``: the one way to build
-    ModelFacts from a model, used alike by the deployment workflow, the tests and the
-    calibration benchmark (which go GGUFFacts → ``kama.gguf.artifact_status.gguf_info``
-    → here).
-    Per-layer KV heads are kept when the file gives them; ArtifactNotUsable names what
-    is missing or inconsistent."""
-    required = {
-        "layers": info.layers,
-        "embeddingLength": info.embedding_length,
-        "headCount": info.head_count,
-        "headCountKV": info.head_count_kv,
-        "headDimK": info.head_dim_k,
-        "headDimV": info.head_dim_v,
-        "contextLength": info.context_length,
-        "vocabSize": info.vocab_size,
-        "weights": info.weights,
-    }
-    missing = [name for name, value in required.items() if value is None]
-    if missing:
-        raise ArtifactNotUsable(f"artifact status.gguf lacks {', '.join(missing)}")
-    if info.architecture in DIFFUSION_ARCHITECTURES:
-        raise ArtifactNotUsable(
-            f"architecture {info.architecture} is a diffusion language model: llama.cpp "
-            "loads it, but llama-server cannot generate with it"
-        )
-    assert info.layers is not None and info.embedding_length is not None
-    assert info.head_count is not None and info.head_count_kv is not None
-    assert info.head_dim_k is not None and info.head_dim_v is not None
-    assert info.context_length is not None and info.vocab_size is not None
-    assert info.weights is not None
-    per_layer = info.head_count_kv_per_layer
-    if per_layer is not None and len(per_layer) != info.layers:
-        raise ArtifactNotUsable(
-            f"artifact status.gguf headCountKVPerLayer has {len(per_layer)} entries "
-            f"for {info.layers} layers"
-        )
-    layout = info.memory_layout
-    layout_facts: dict[str, Any] = {}
-    if layout is not None:
-        named = [*layout.sliding_layers, *layout.recurrent_layers, *layout.kv_free_layers]
-        if any(i >= info.layers for i in named):
-            raise ArtifactNotUsable(
-                f"artifact status.gguf memoryLayout names a layer beyond its {info.layers}"
-            )
-        layout_facts = {
-            "sliding_window": layout.sliding_window if layout.sliding_layers else None,
-            "sliding_layers": frozenset(layout.sliding_layers),
-            "kv_free_layers": frozenset(layout.kv_free_layers),
-            "recurrent_layers": frozenset(layout.recurrent_layers),
-            "recurrent_bytes_per_layer": layout.recurrent_bytes_per_layer,
-            "kv_widths": None if layout.kv_cell_widths is None else tuple(layout.kv_cell_widths),
-            "unmodelled": layout.unmodelled,
-            "unmodelled_floor_bytes": layout.unmodelled_floor_bytes,
-        }
-    return ModelFacts(
-        **layout_facts,
-        n_layer=info.layers,
-        n_embd=info.embedding_length,
-        n_head=info.head_count,
-        n_head_kv=info.head_count_kv,
-        head_dim_k=info.head_dim_k,
-        head_dim_v=info.head_dim_v,
-        n_ctx_train=info.context_length,
-        n_vocab=info.vocab_size,
-        tensor_bytes=info.weights.tensor_bytes(),
-        n_ff=info.feed_forward_length,
-        n_expert=info.expert_count,
-        n_head_kv_per_layer=None if per_layer is None else tuple(per_layer),
-        file_type=info.file_type,
-    )
 
 
 def runtime_envelope(runtime: Runtime) -> RuntimeEnvelope:
@@ -262,28 +200,6 @@ def nodes_holding_claim(*, pods: Sequence[Mapping[str, Any]], claim: str) -> lis
     return sorted(held)
 
 
-def entrypoint_of(status: ModelArtifactStatus) -> str:
-    """The file llama-server serves: ``status.entrypoint``, or for an artifact published
-    before that field existed its only model (one .gguf file or one shard set's first
-    shard). Several files without it are not guessed: the one that sorts first may be
-    a multimodal projector."""
-    if status.entrypoint:
-        return status.entrypoint
-    ggufs = sorted(f.path for f in status.files if f.path.endswith(".gguf"))
-    if not ggufs:
-        raise ArtifactNotUsable("artifact status lists no .gguf file")
-    shards = [parse_shard_name(p) for p in ggufs]
-    if len(ggufs) == 1 or (
-        all(shards) and len({(s[0], s[2]) for s in shards if s is not None}) == 1
-    ):
-        return ggufs[0]
-    raise ArtifactNotUsable(
-        f"artifact status lists {len(ggufs)} .gguf files ({', '.join(ggufs)}) and no "
-        "status.entrypoint (published by an older Kama): recreate the artifact, with "
-        "spec.entrypoint naming the model file, so that its status names it"
-    )
-
-
 @dataclass(frozen=True, kw_only=True)
 class DeploymentDecision:
     plan: PlacementPlan
@@ -361,51 +277,6 @@ def _rejected_status(plan: PlacementPlan) -> list[dict[str, Any]]:
     ]
 
 
-def projector_bytes(artifact: ModelArtifactStatus) -> int:
-    """The size of the artifact's multimodal projector file, 0 without one."""
-    if artifact.projector is None:
-        return 0
-    sizes = [f.size for f in artifact.files if f.path == artifact.projector]
-    if not sizes:
-        raise ArtifactNotUsable(f"artifact status lists no file {artifact.projector} (projector)")
-    return sizes[0]
-
-
-def _usable(artifact: ModelArtifactStatus, *, what: str) -> tuple[GGUFInfo, ServingLocation, str]:
-    if artifact.gguf is None or artifact.serving_location is None or not artifact.manifest_digest:
-        raise ArtifactNotUsable(f"{what} status lacks gguf facts, servingLocation or digest")
-    return (
-        artifact.gguf,
-        artifact.serving_location,
-        artifact.manifest_digest.removeprefix("sha256:"),
-    )
-
-
-def draft_companion(*, name: str, artifact: ModelArtifactStatus) -> CompanionArtifact:
-    """The draft model's artifact as the serving pod mounts and checks it."""
-    _, location, digest = _usable(artifact, what=f"draft artifact {name}")
-    return CompanionArtifact(
-        name=name,
-        entrypoint=entrypoint_of(artifact),
-        manifest_digest=digest,
-        mount=DRAFT_DIR,
-        in_place=location.sub_path != f"{BLOBS_DIR}/{digest}",
-    )
-
-
-def _draft_facts(*, model: ModelFacts, name: str, artifact: ModelArtifactStatus) -> ModelFacts:
-    """The draft's facts; one of another vocabulary is refused (llama-server would
-    refuse it at load, after the pod was scheduled)."""
-    info, _, _ = _usable(artifact, what=f"draft artifact {name}")
-    draft = model_facts(info)
-    if draft.n_vocab != model.n_vocab:
-        raise ArtifactNotUsable(
-            f"draft artifact {name} has a vocabulary of {draft.n_vocab} tokens, the model "
-            f"{model.n_vocab}: a draft must share the model's vocabulary"
-        )
-    return draft
-
-
 def decide_deployment(
     *,
     spec: ModelDeploymentSpec,
@@ -414,24 +285,20 @@ def decide_deployment(
     image: str,
     claim_nodes: Sequence[str] = (),
     draft: ModelArtifactStatus | None = None,
+    adapters: Mapping[str, ModelArtifactStatus] | None = None,
 ) -> DeploymentDecision:
     """Plan one replica and build its template; FitFailed gives no template.
 
     `claim_nodes`: where pods already mount the artifact's claim: a claim one node at
     a time can mount keeps every replica on one node. `draft`: the status of
-    `spec.runtime.draftModelRef`'s artifact, Ready."""
-    info, _, _ = _usable(artifact, what="artifact")
+    `spec.runtime.draftModelRef`'s artifact, Ready; `adapters`: the Ready statuses of
+    `spec.adapters`' artifacts, by artifact name."""
+    info, _, _ = usable(artifact, what="artifact")
     facts = model_facts(info)
-    draft_name = spec.runtime.draft_model_ref
-    draft_facts = None
-    if draft_name is not None:
-        if draft is None:
-            raise ArtifactNotUsable(f"draft artifact {draft_name} is not Ready")
-        draft_facts = _draft_facts(model=facts, name=draft_name, artifact=draft)
-    facts = replace(
-        facts,
-        loaded_with=Companions(projector_bytes=projector_bytes(artifact), draft=draft_facts),
+    extras = CompanionPlan(
+        spec=spec, model=facts, artifact=artifact, draft=draft, adapters=adapters or {}
     )
+    facts = replace(facts, loaded_with=extras.companions)
     envelope = runtime_envelope(spec.runtime)
     location = artifact.serving_location
     assert location is not None and artifact.manifest_digest is not None
@@ -473,8 +340,7 @@ def decide_deployment(
         cache_reuse=spec.runtime.expert.cache_reuse,
         mode=None if spec.runtime.mode is ServingMode.GENERATION else str(spec.runtime.mode),
         pooling=None if spec.runtime.pooling is None else str(spec.runtime.pooling),
-        projector=artifact.projector,
-        **_draft_plan(spec=spec, name=draft_name, artifact=draft, on_gpu=profile.gpus_per_replica),
+        **extras.plan_fields(on_gpu=profile.gpus_per_replica),
     )
     template = ServingTemplate(
         image=image,
@@ -495,35 +361,11 @@ def decide_deployment(
             for t in spec.placement.tolerations
         ],
         node=profile.node if one_node else None,
-        draft_claim_name=None if draft is None else _usable(draft, what="draft")[1].claim_name,
-        draft_sub_path=None if draft is None else _usable(draft, what="draft")[1].sub_path,
+        **extras.template_fields(),
     )
     return DeploymentDecision(
         plan=plan, template=template, profile=_profile_status(profile), rejected=rejected
     )
-
-
-def _draft_plan(
-    *,
-    spec: ModelDeploymentSpec,
-    name: str | None,
-    artifact: ModelArtifactStatus | None,
-    on_gpu: int,
-) -> dict[str, Any]:
-    """The ServingPlan fields of the draft model, none without one."""
-    if name is None or artifact is None:
-        return {}
-    companion = draft_companion(name=name, artifact=artifact)
-    layers = artifact.gguf.layers if artifact.gguf and artifact.gguf.layers else 0
-    return {
-        "draft_name": companion.name,
-        "draft_entrypoint": companion.entrypoint,
-        "draft_manifest_digest": companion.manifest_digest,
-        "draft_in_place": companion.in_place,
-        "draft_gpu_layers": layers + 1 if on_gpu else 0,
-        "draft_max": spec.runtime.draft_max_tokens,
-        "draft_min": spec.runtime.draft_min_tokens,
-    }
 
 
 def _unless(value: str | None, default: str) -> str | None:

@@ -186,17 +186,22 @@ class Companions:
       GPU); encoding an image needs a compute buffer that grows with the vision
       tower's patches and heads, which its file does not summarise: the estimate
       counts ``PROJECTOR_COMPUTE_SHARE`` times the weights for it, a stated allowance.
+    - ``adapter_bytes``: LoRA adapters (``--lora-scaled``). llama.cpp keeps each
+      adapter tensor next to the layer it adapts, so a device holds the share of the
+      layers it holds.
     - ``draft``: a draft model for speculative decoding. It has its own KV cache with
       the model's context and precision and is estimated as a model of its own, all on
       the first GPU when the replica has one, else on the host.
     """
 
     projector_bytes: int = 0
+    adapter_bytes: int = 0
     draft: ModelFacts | None = None
 
     def __post_init__(self) -> None:
-        if self.projector_bytes < 0:
-            raise ValueError(f"Companions.projector_bytes must be >= 0: {self.projector_bytes}")
+        for name in ("projector_bytes", "adapter_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"Companions.{name} must be >= 0: {getattr(self, name)}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -544,17 +549,19 @@ def _compute_bytes(
 
 
 def companion_bytes(
-    *, model: ModelFacts, envelope: RuntimeEnvelope, gpus: int, on_first_gpu: bool
+    *, model: ModelFacts, envelope: RuntimeEnvelope, gpus: int, where: int | None, layers: int
 ) -> int:
-    """Bytes of `model`'s companions on one device: the host (``gpus`` 0 or
-    ``on_first_gpu`` False for the host of a GPU replica) or the replica's first GPU.
-    A GPU replica's draft keeps only what never leaves the host there."""
+    """Bytes of `model`'s companions on one device of a replica with `gpus` GPUs: the
+    host (`where` None) or GPU `where`, holding `layers` of the model's layers. The
+    projector and the draft go to the first GPU of a GPU replica (the draft keeps on
+    the host only what never leaves it), else to the host; adapters follow the layers."""
     extra = model.loaded_with
-    total = 0
-    if on_first_gpu or not gpus:
+    total = -(-extra.adapter_bytes * layers // model.n_layer)
+    home = 0 if gpus else None  # where the projector and the draft go
+    if where == home:
         total += extra.projector_bytes * (1 + PROJECTOR_COMPUTE_SHARE)
     draft = extra.draft
-    if draft is None:
+    if draft is None or where not in (home, None):
         return total
     alone = replace(envelope, prompt_cache_mib=None)  # the server's one prompt cache
     estimate = estimate_memory(
@@ -563,11 +570,10 @@ def companion_bytes(
         n_gpu_layers=draft.n_layer + 1 if gpus else 0,
         gpus=min(gpus, 1),
     )
-    if on_first_gpu:
+    if where is not None:
         return total + estimate.gpus[0].total_bytes - CUDA_CONTEXT_RESERVE_BYTES
-    if gpus:  # this is the host of a GPU replica
-        return total + estimate.host.total_bytes - CUDA_HOST_RUNTIME_BYTES - HOST_OVERHEAD_BYTES
-    return total + estimate.host.total_bytes - HOST_OVERHEAD_BYTES
+    runtime = CUDA_HOST_RUNTIME_BYTES if gpus else 0  # counted once, by the model
+    return total + estimate.host.total_bytes - runtime - HOST_OVERHEAD_BYTES
 
 
 def estimate_memory(
@@ -619,7 +625,7 @@ def estimate_memory(
             unmodelled = UNMODELLED_SHARE * compute
             unmodelled += model.unmodelled_floor_bytes if is_host else 0
         companions = companion_bytes(
-            model=model, envelope=envelope, gpus=gpus, on_first_gpu=where == 0
+            model=model, envelope=envelope, gpus=gpus, where=where, layers=len(layers)
         )
         return DeviceEstimate(
             companion_bytes=companions,

@@ -52,6 +52,15 @@ class CompanionArtifact:
 
 
 DRAFT_DIR = "/draft"
+ADAPTERS_DIR = "/adapters"  # each adapter's artifact at ADAPTERS_DIR/<adapter name>
+
+AdapterEntry = tuple[str, str, str, bool]
+"""One adapter of a plan: (name, entrypoint, manifest digest, in place), in load
+order, which is llama-server's adapter id."""
+
+
+def adapter_mount(name: str) -> str:
+    return f"{ADAPTERS_DIR}/{name}"
 
 
 @dataclass(frozen=True)
@@ -86,6 +95,9 @@ class ServingPlan:
     draft_gpu_layers: int | None = None  # --n-gpu-layers-draft, with a draft
     draft_max: int | None = None  # --spec-draft-n-max (runtime.draftMaxTokens)
     draft_min: int | None = None  # --spec-draft-n-min (runtime.draftMinTokens)
+    # --lora-scaled (spec.adapters): AdapterEntry, spelled out: a payload converter
+    # resolves postponed annotations without this module's names
+    adapters: tuple[tuple[str, str, str, bool], ...] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -94,7 +106,23 @@ class ServingPlan:
     def from_json(cls, text: str) -> ServingPlan:
         raw: dict[str, Any] = json.loads(text)
         raw["tensor_split"] = tuple(raw.get("tensor_split") or ())
+        if raw.get("adapters") is not None:
+            raw["adapters"] = tuple(tuple(entry) for entry in raw["adapters"])
         return cls(**raw)
+
+    @property
+    def adapter_artifacts(self) -> tuple[CompanionArtifact, ...]:
+        """The adapters' artifacts, each mounted at `adapter_mount(name)`, in load order."""
+        return tuple(
+            CompanionArtifact(
+                name=name,
+                entrypoint=entrypoint,
+                manifest_digest=digest,
+                mount=adapter_mount(name),
+                in_place=in_place,
+            )
+            for name, entrypoint, digest, in_place in self.adapters or ()
+        )
 
     @property
     def draft(self) -> CompanionArtifact | None:
@@ -153,6 +181,9 @@ class ServingPlan:
         if self.projector is not None:
             args += ["--mmproj", f"{model_dir.rstrip('/')}/{self.projector}"]
         args += self._draft_args()
+        if self.adapters:  # loaded unapplied: a request selects one (its `lora` field)
+            loaded = ",".join(f"{a.path}:0" for a in self.adapter_artifacts)
+            args += ["--lora-scaled", loaded]
         args += ["--threads-http", str(self.concurrency + HTTP_THREADS_BEYOND_SLOTS)]
         return [*args, "--metrics", "--slots", "--no-context-shift", "--fit", "off"]
 

@@ -25,6 +25,7 @@ from kama.serving_plan import (
     MODELS_DIR,
     SUPERVISOR_PORT,
     ServingPlan,
+    adapter_mount,
 )
 
 API_VERSION: Final = "kama.dev/v1alpha1"
@@ -59,6 +60,7 @@ PLAN_FIELDS_ADDED_LATER: Final = (
     "draft_gpu_layers",
     "draft_max",
     "draft_min",
+    "adapters",
 )
 TEMPLATE_FIELDS_ADDED_LATER: Final = (
     "node",
@@ -66,6 +68,7 @@ TEMPLATE_FIELDS_ADDED_LATER: Final = (
     "gpu_product_label",
     "draft_claim_name",
     "draft_sub_path",
+    "adapter_volumes",
 )
 
 
@@ -94,6 +97,8 @@ class ServingTemplate:
     mounted by one node at a time (ReadWriteOnce)."""
     draft_claim_name: str | None = None  # where the draft model's artifact is
     draft_sub_path: str | None = None
+    adapter_volumes: tuple[tuple[str, str, str], ...] | None = None
+    """Where each adapter's artifact is: (adapter name, claim, subPath)."""
 
     def fingerprint(self) -> str:
         """A hash of the template. Fields added after pods were running are left out
@@ -160,6 +165,16 @@ def _affinity(template: ServingTemplate) -> dict[str, Any] | None:
             "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
         }
     }
+
+
+def _mount(spec: dict[str, Any], *, volume: str, path: str, claim: str, sub_path: str) -> None:
+    """Another artifact (a draft model, an adapter) read-only at `path` of the runtime."""
+    spec["containers"][0]["volumeMounts"].append(
+        {"name": volume, "mountPath": path, "subPath": sub_path, "readOnly": True}
+    )
+    spec["volumes"].append(
+        {"name": volume, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+    )
 
 
 def serving_pod_manifest(
@@ -249,6 +264,10 @@ def serving_pod_manifest(
                 "name": "draft",
                 "persistentVolumeClaim": {"claimName": template.draft_claim_name, "readOnly": True},
             }
+        )
+    for i, (name, claim, sub_path) in enumerate(template.adapter_volumes or ()):
+        _mount(
+            spec, volume=f"adapter-{i}", path=adapter_mount(name), claim=claim, sub_path=sub_path
         )
     if template.node_selector:
         spec["nodeSelector"] = dict(template.node_selector)

@@ -349,6 +349,28 @@ def write_projector(
     return _flush(writer, path)
 
 
+def write_lora(path: Path, *, shape: ModelShape, rank: int = 4, seed: int = 0) -> Path:
+    """A LoRA adapter for the models of ``shape`` (general.type adapter, adapter.type
+    lora) on every layer's attention query and output projections, as llama.cpp's
+    convert_lora_to_gguf.py writes one; large enough to change what the model says."""
+    if rank < 1:
+        raise ValueError(f"rank must be >= 1, got {rank}")
+    rng = np.random.default_rng([seed, rank])
+    writer = gguf.GGUFWriter(path, arch="llama")
+    writer.add_type("adapter")
+    writer.add_string("adapter.type", "lora")
+    writer.add_float32("adapter.lora.alpha", float(rank))
+    writer.add_name(f"kama-test-lora-seed{seed}")
+    e = shape.n_embd
+    for i in range(shape.n_layer):
+        for target in ("attn_q", "attn_output"):
+            a = rng.standard_normal((rank, e), dtype=np.float32) * np.float32(0.5)
+            b = rng.standard_normal((e, rank), dtype=np.float32) * np.float32(0.5)
+            writer.add_tensor(f"blk.{i}.{target}.weight.lora_a", a)
+            writer.add_tensor(f"blk.{i}.{target}.weight.lora_b", b)
+    return _flush(writer, path)
+
+
 def write_model(path: Path, *, shape: ModelShape) -> Path:
     """Write a single-file model to ``path`` and return it."""
     return _write(path, shape, _tensors(shape), with_metadata=True, split=None)

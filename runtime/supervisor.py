@@ -384,9 +384,9 @@ def run_runtime() -> int:
     server = supervisor.serve_probes()  # first: probes wait for the start, not a closed port
     try:
         check_artifact(directory=models, plan=plan, in_place=in_place)
-        if plan.draft is not None:
-            draft = plan.draft
-            check_artifact(directory=Path(draft.mount), plan=draft, in_place=draft.in_place)
+        for extra in (plan.draft, *plan.adapter_artifacts):
+            if extra is not None:
+                check_artifact(directory=Path(extra.mount), plan=extra, in_place=extra.in_place)
     except ArtifactNotServable as exc:
         server.shutdown()
         print(f"kama runtime: refusing to start: {exc}", file=sys.stderr, flush=True)

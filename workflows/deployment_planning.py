@@ -58,26 +58,29 @@ async def plan_deployment(
     *, snap: EntitySnapshot, spec: ModelDeploymentSpec, image: str
 ) -> PlanOutcome:
     """Plan `spec` for the artifact and nodes as they are now."""
+    adapter_refs = [a.artifact_ref for a in spec.adapters]
     inputs = await call_kube(
         ServingPodActivities.read_inputs,
         InputsRequest(
             namespace=snap.ref.namespace,
             artifact=spec.model_ref.name,
             draft=spec.runtime.draft_model_ref,
+            adapters=adapter_refs,
         ),
     )
-    needed = [(spec.model_ref.name, inputs.artifact_status)]
+    needed = {spec.model_ref.name: inputs.artifact_status}
     if spec.runtime.draft_model_ref is not None:
-        needed.append((spec.runtime.draft_model_ref, inputs.draft_status))
-    ready: list[ModelArtifactStatus] = []
-    for name, raw in needed:
-        artifact = None if raw is None else ModelArtifactStatus.model_validate(raw)
-        if artifact is None or not artifact_is_ready(artifact):
-            return PlanOutcome(
-                PlanVerdict.WAITING, [artifact_waiting(name=name, artifact=artifact)]
-            )
-        ready.append(artifact)
-    artifact = ready[0]
+        needed[spec.runtime.draft_model_ref] = inputs.draft_status
+    needed |= {ref: inputs.adapter_statuses.get(ref) for ref in adapter_refs}
+    ready: dict[str, ModelArtifactStatus] = {}
+    for name, raw in needed.items():  # the model first, then its draft and adapters
+        found = None if raw is None else ModelArtifactStatus.model_validate(raw)
+        if found is None or not artifact_is_ready(found):
+            waiting = artifact_waiting(name=name, artifact=found)
+            return PlanOutcome(PlanVerdict.WAITING, [waiting])
+        ready[name] = found
+    artifact = ready[spec.model_ref.name]
+    draft_ref = spec.runtime.draft_model_ref
     try:
         decision = decide_deployment(
             spec=spec,
@@ -85,7 +88,8 @@ async def plan_deployment(
             nodes=inputs.nodes,
             image=image,
             claim_nodes=inputs.claim_nodes,
-            draft=ready[1] if len(ready) > 1 else None,
+            draft=None if draft_ref is None else ready[draft_ref],
+            adapters={ref: ready[ref] for ref in adapter_refs},
         )
     except ArtifactNotUsable as exc:
         return PlanOutcome(PlanVerdict.UNUSABLE, [artifact_unusable(str(exc))])

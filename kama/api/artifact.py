@@ -498,6 +498,8 @@ class GGUFInfo(KamaModel):
 
     architecture: str | None = Field(default=None, max_length=128)
     """general.architecture, e.g. llama, qwen2."""
+    type: str | None = Field(default=None, max_length=64)
+    """general.type: model (or omitted), adapter (a LoRA adapter for `architecture`)."""
     file_type: str | None = Field(default=None, max_length=64)
     """Quantization / file type, e.g. Q4_K_M."""
     parameter_count: int | None = Field(default=None, ge=0)

@@ -352,9 +352,33 @@ class Routing(SpecModel):
     is already busier than 1.25x the average (consistent hashing with bounded loads)."""
 
 
+ADAPTER_NAME_PATTERN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+class Adapter(SpecModel):
+    """A LoRA adapter llama-server loads next to the model, applied only to the
+    requests that name it: model `<namespace>/<deployment>:<name>` (or `<alias>:<name>`)."""
+
+    name: str = Field(min_length=1, max_length=63, pattern=ADAPTER_NAME_PATTERN)
+    """What a request appends to the model's name to select the adapter."""
+    artifact_ref: DNSSubdomain
+    """The ModelArtifact (same namespace) holding the adapter's GGUF file (general.type
+    adapter), made for the model's architecture."""
+    scale: float = Field(default=1.0, gt=0, le=16)
+    """How strongly a selected adapter applies (llama-server's per-request `lora` scale);
+    an adapter not selected applies with scale 0."""
+
+
 class ModelDeploymentSpec(SpecModel):
     model_ref: LocalObjectReference
     """The ModelArtifact (same namespace) to serve."""
+    adapters: list[Adapter] = Field(
+        default_factory=list,
+        max_length=8,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    """LoRA adapters loaded with the model (--lora-scaled, scale 0) and selected per
+    request; each counted in the replica's memory."""
     aliases: list[Annotated[str, Field(max_length=63, pattern=ALIAS_PATTERN)]] = Field(
         default_factory=list, max_length=16
     )
@@ -485,8 +509,9 @@ __all__ = [
 
 
 def artifacts_named(spec: Mapping[str, Any]) -> frozenset[str]:
-    """The ModelArtifacts a ModelDeployment's raw `spec` names: its model and its
-    draft model (for the watcher, which reads specs as the API server sends them)."""
+    """The ModelArtifacts a ModelDeployment's raw `spec` names: its model, its draft
+    model and its adapters (for the watcher, which reads specs as the API server sends them)."""
     model = (spec.get("modelRef") or {}).get("name")
     draft = (spec.get("runtime") or {}).get("draftModelRef")
-    return frozenset(n for n in (model, draft) if isinstance(n, str))
+    adapters = [a.get("artifactRef") for a in spec.get("adapters") or [] if isinstance(a, dict)]
+    return frozenset(n for n in (model, draft, *adapters) if isinstance(n, str))

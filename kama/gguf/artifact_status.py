@@ -47,6 +47,7 @@ def gguf_info(facts: GGUFFacts) -> GGUFInfo:
         file_type = str(facts.file_type)
     return GGUFInfo(
         architecture=facts.architecture,
+        type=facts.general_type,
         file_type=file_type,
         parameter_count=facts.parameter_count,
         layers=facts.n_layer,

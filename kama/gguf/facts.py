@@ -54,6 +54,7 @@ FILE_TYPE_NAMES: Mapping[int, str] = {
 KEY_SPLIT_NO = "split.no"
 KEY_SPLIT_COUNT = "split.count"
 KEY_SPLIT_TENSORS = "split.tensors.count"
+MAX_GENERAL_TYPE = 64  # general.type is a short word; no longer is kept in a status
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,8 @@ class GGUFFacts:
     tensor_bytes: int
     tensors: Mapping[str, int]  # tensor name -> data bytes
     layout_keys: Mapping[str, int | tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    general_type: str | None = None
+    """general.type: "model" (or absent), "adapter" for a LoRA, "mmproj" for a projector."""
     """The ``kama.architectures.LAYOUT_KEYS`` the header has (prefix removed): integers
     (booleans as 0/1) or per-layer arrays of them, at most ``MAX_LAYERS`` long."""
 
@@ -213,6 +216,7 @@ def header_facts(header: GGUFHeader) -> GGUFFacts:
     return GGUFFacts(
         architecture=arch,
         name=_str(md, "general.name"),
+        general_type=(_str(md, "general.type") or "")[:MAX_GENERAL_TYPE] or None,
         file_type=file_type,
         file_type_name=FILE_TYPE_NAMES.get(file_type) if file_type is not None else None,
         parameter_count=sum(t.n_elements for t in header.tensors),

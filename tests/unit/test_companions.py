@@ -17,7 +17,7 @@ from kama.deployment_plan import ArtifactNotUsable, DeploymentDecision, decide_d
 from kama.memory import PROJECTOR_COMPUTE_SHARE
 from kama.serving_plan import DRAFT_DIR
 from kama.serving_pod import serving_pod_manifest
-from kamadev.gguf_factory import ModelShape, write_model
+from kamadev.gguf_factory import ModelShape, write_lora, write_model
 from tests.unit.test_serving_flags import flag_value, unknown_flags
 from tests.unit.test_serving_plane_domain import artifact_status, generated, node
 
@@ -39,18 +39,26 @@ def decide(
     artifact: ModelArtifactStatus,
     *,
     draft: ModelArtifactStatus | None = None,
+    adapters: dict[str, ModelArtifactStatus] | None = None,
+    spec_adapters: list[dict[str, Any]] | None = None,
     gpu: bool = False,
     **runtime: Any,
 ) -> DeploymentDecision:
     spec = ModelDeploymentSpec.model_validate(
         {
             "modelRef": {"name": "m"},
+            "adapters": spec_adapters or [],
             "placement": {"mode": "GPU" if gpu else "CPU"},
             "runtime": {"contextSize": 512, **runtime},
         }
     )
     return decide_deployment(
-        spec=spec, artifact=artifact, nodes=[GPU_NODE if gpu else CPU_NODE], image="i", draft=draft
+        spec=spec,
+        artifact=artifact,
+        nodes=[GPU_NODE if gpu else CPU_NODE],
+        image="i",
+        draft=draft,
+        adapters=adapters,
     )
 
 
@@ -167,3 +175,61 @@ def test_the_watcher_finds_a_deployment_by_its_model_or_its_draft() -> None:
     spec = {"modelRef": {"name": "big"}, "runtime": {"draftModelRef": "small"}}
     assert artifacts_named(spec) == {"big", "small"}
     assert artifacts_named({"modelRef": {"name": "big"}}) == {"big"}
+
+
+def adapter_status(
+    generated: Path, tmp_path: Path, *, architecture: str = "llama", kind: str = "adapter"
+) -> ModelArtifactStatus:
+    lora = write_lora(tmp_path / "l.gguf", shape=ModelShape(n_layer=3, n_head_kv=2))
+    status = artifact_status(lora, claimName="kama-cache-adapters")
+    assert status.gguf is not None and status.gguf.type == "adapter"  # read from the file
+    gguf = status.gguf.model_copy(update={"architecture": architecture, "type": kind})
+    digest = "ef" * 32
+    return status.model_copy(
+        update={
+            "gguf": gguf,
+            "total_size": lora.stat().st_size,
+            "manifest_digest": f"sha256:{digest}",
+            "serving_location": status.serving_location.model_copy(  # type: ignore[union-attr]
+                update={"sub_path": f"blobs/sha256/{digest}"}
+            ),
+        }
+    )
+
+
+def test_adapters_are_mounted_loaded_unapplied_and_counted(generated: Path, tmp_path: Path) -> None:
+    adapter = adapter_status(generated, tmp_path)
+    spec_adapters = [{"name": "pirate", "artifactRef": "lora-a"}]
+    decision = decide(
+        artifact_status(generated), adapters={"lora-a": adapter}, spec_adapters=spec_adapters
+    )
+    assert decision.template is not None
+    args = decision.template.plan.llama_server_args(host="h")
+    assert flag_value(args, "--lora-scaled") == "/adapters/pirate/m.gguf:0"
+    assert not unknown_flags(args)
+    pod = serving_pod_manifest(
+        template=decision.template, namespace="n", deployment="d", deployment_uid="u", ordinal=0
+    )
+    mounts = {m["mountPath"]: m["subPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts["/adapters/pirate"] == f"blobs/sha256/{'ef' * 32}"
+    grown = ram_and_vram(decision)[0] - ram_and_vram(decide(artifact_status(generated)))[0]
+    assert grown == adapter.total_size
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"architecture": "qwen2"}, "adapter pirate is for architecture qwen2, the model is llama"),
+        ({"kind": "model"}, "general.type model, not adapter"),
+    ],
+)
+def test_an_adapter_for_another_model_is_refused(
+    generated: Path, tmp_path: Path, change: dict[str, str], message: str
+) -> None:
+    adapter = adapter_status(generated, tmp_path, **change)
+    with pytest.raises(ArtifactNotUsable, match=message):
+        decide(
+            artifact_status(generated),
+            adapters={"lora-a": adapter},
+            spec_adapters=[{"name": "pirate", "artifactRef": "lora-a"}],
+        )

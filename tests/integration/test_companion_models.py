@@ -1,13 +1,15 @@
-"""A model that reads images and a model with a draft, through Kama: an artifact that
-carries a multimodal projector is served with it (`--mmproj`), and a chat with an
-image is answered through the gateway as the replica answers it; a deployment with
+"""What llama-server loads next to a model, through Kama: an artifact that carries a
+multimodal projector is served with it (`--mmproj`), and a chat with an image is
+answered through the gateway as the replica answers it; a deployment with
 `runtime.draftModelRef` decodes speculatively with that artifact's model, and
-llama-server reports the drafted tokens it accepted.
+llama-server reports the drafted tokens it accepted; LoRA adapters from other
+artifacts are loaded unapplied and selected per request by `<model>:<adapter>`.
 
 The models are generated: a one-layer SigLIP tower with Gemma 3's projection
 (`kamadev.gguf_factory.write_projector`), and a target whose last layers add
 nothing, so the same seed's two-layer model is a draft it agrees with token for
-token (`ModelShape.passthrough_layers`)."""
+token (`ModelShape.passthrough_layers`); the adapter is random low-rank updates of
+every layer's attention (`write_lora`)."""
 
 from __future__ import annotations
 
@@ -20,13 +22,20 @@ from typing import Any
 
 import httpx
 
+from kama.serving_plan import LLAMA_PORT
 from kama.serving_pod import ARGS_ANNOTATION
-from kamadev.gguf_factory import ModelShape, ProjectorShape, write_model, write_projector
+from kamadev.gguf_factory import (
+    ModelShape,
+    ProjectorShape,
+    write_lora,
+    write_model,
+    write_projector,
+)
 from tests.conftest import GatewayProcess, KamaControl
 from tests.integration.test_artifact_plane import cache, hf_artifact, wait_condition
 from tests.integration.test_llama_routes import GREEDY, Replica
 from tests.integration.test_serving_plane import deployment, serving_pods, wait_ready
-from tests.support import apply
+from tests.support import apply, serving_headers
 
 
 def png(*, side: int, rgb: tuple[int, int, int]) -> bytes:
@@ -140,3 +149,66 @@ def test_a_draft_model_drafts_tokens_the_model_accepts(
     assert timings["draft_n_accepted"] == timings["draft_n"], "the draft agrees with the model"
     chat = replica.same("/v1/chat/completions", image_chat(None))
     assert chat["choices"][0]["message"]["content"]
+
+
+def test_an_adapter_is_selected_per_request_by_the_models_name(
+    gateway: GatewayProcess, namespace: str, tmp_path: Path
+) -> None:
+    control = gateway.control
+    shape = ModelShape(seed=61)
+    artifact_from(
+        control, namespace, "base", {"model.gguf": write_model(tmp_path / "b.gguf", shape=shape)}
+    )
+    artifact_from(
+        control,
+        namespace,
+        "pirate-lora",
+        {"pirate.gguf": write_lora(tmp_path / "l.gguf", shape=shape)},
+    )
+    apply(
+        control.stack,
+        deployment(
+            namespace, "talk", "base", replicas=1, resources={"cpu": "100m"},
+            runtime={"contextSize": 512},
+            adapters=[{"name": "pirate", "artifactRef": "pirate-lora"}],
+        ),
+    )  # fmt: skip
+    wait_ready(control, namespace, "talk", 1)
+    assert "/adapters/pirate/pirate.gguf:0" in llama_args(control, namespace, "talk")
+
+    replica = Replica(gateway, namespace, "talk")
+    listed = httpx.get(f"{gateway.url}/v1/models", timeout=30).json()["data"]
+    adapter_model = f"{replica.model}:pirate"
+    assert {"id": adapter_model, "adapter_of": replica.model} in [
+        {k: m.get(k) for k in ("id", "adapter_of")} for m in listed
+    ]
+    request = {"prompt": "Once upon", "max_tokens": 12, **GREEDY}
+    base = httpx.post(
+        f"{gateway.url}/v1/completions", json={**request, "model": replica.model}, timeout=60
+    ).json()
+    adapted = httpx.post(
+        f"{gateway.url}/v1/completions", json={**request, "model": adapter_model}, timeout=60
+    )
+    assert adapted.status_code == 200, adapted.text
+    assert adapted.json()["model"] == adapter_model, "the answer names what was asked"
+    text = adapted.json()["choices"][0]["text"]
+    assert text != base["choices"][0]["text"], "the adapter changes what the model says"
+    # what llama-server answers straight with the adapter applied
+    straight = httpx.post(
+        f"http://{replica.pod['status']['podIP']}:{LLAMA_PORT}/v1/completions",
+        json={**request, "lora": [{"id": 0, "scale": 1.0}]},
+        headers=serving_headers(replica.pod),
+        timeout=60,
+    ).json()
+    assert text == straight["choices"][0]["text"]
+    again = httpx.post(
+        f"{gateway.url}/v1/completions", json={**request, "model": replica.model}, timeout=60
+    ).json()
+    assert again["choices"][0]["text"] == base["choices"][0]["text"], "base requests stay base"
+    missing = httpx.post(
+        f"{gateway.url}/v1/completions",
+        json={**request, "model": f"{replica.model}:parrot"},
+        timeout=30,
+    )
+    assert missing.status_code == 404
+    assert "its adapters: pirate" in missing.json()["error"]["message"]
