@@ -500,26 +500,23 @@ def test_gpu_deployment_is_bound_where_the_planner_chose(
         obj = md(control, namespace, "gpu")
         assert (condition(obj, "Degraded") or {}).get("status") == "False"
     finally:
+        remove_from_fake_nodes(control, namespace, deployments=["gpu"], nodes=[small, big])
+
+
+def remove_from_fake_nodes(
+    control: KamaControl, namespace: str, *, deployments: list[str], nodes: list[GPUNode]
+) -> None:
+    """Delete `deployments` and their pods (force: nothing runs on a fake node, so no
+    kubelet confirms a deletion), then the fake `nodes`."""
+    for name in deployments:
         kubectl(
-            control.stack,
-            "delete",
-            "modeldeployment",
-            "gpu",
-            "-n",
-            namespace,
-            "--wait=false",
-            check=False,
-        )
-        for pod in serving_pods(control, namespace, "gpu"):  # nothing runs on a fake node
+            control.stack, "delete", "modeldeployment", name, "-n", namespace,
+            "--wait=false", check=False,
+        )  # fmt: skip
+        for pod in serving_pods(control, namespace, name):
             kubectl(
-                control.stack,
-                "delete",
-                "pod",
-                pod["metadata"]["name"],
-                "-n",
-                namespace,
-                "--grace-period=0",
-                "--force",
-            )
-        for node in (small, big):
-            kubectl(control.stack, "delete", "node", node.name, "--wait=false")
+                control.stack, "delete", "pod", pod["metadata"]["name"], "-n", namespace,
+                "--grace-period=0", "--force",
+            )  # fmt: skip
+    for node in nodes:
+        kubectl(control.stack, "delete", "node", node.name, "--wait=false", "--ignore-not-found")
