@@ -7,7 +7,8 @@ cluster enforces it; this key is the second lock, for clusters that do not. Ever
 serving pod's llama-server is started with `--api-key` (from the `LLAMA_API_KEY`
 environment variable, as llama.cpp's `common/arg.cpp` reads it) and answers 401
 without it, on every route but `/health` (`tools/server/server-http.cpp`'s public
-endpoints). Only Kama's worker and gateway send it.
+endpoints). Only Kama's worker and gateway send it, and the pod's own runtime, which
+relays `/metrics` (counters, nothing a request said) to Prometheus on its port.
 
 The key of one deployment is HMAC-SHA256 of a master key (`KAMA_SERVING_KEY`, held
 only by the worker and the gateway, the chart's `<release>-serving-key` Secret)

@@ -78,6 +78,7 @@ STOP_GRACE_S = 10.0
 LOAD_LOG_LINES = 4000
 TERMINATION_LOG = Path("/dev/termination-log")  # the pod's terminationMessagePath
 OFFLOAD_FAILED_EXIT = 3
+METRICS_MAX_BYTES = 1 << 20  # llama-server's /metrics is a few KiB
 
 
 class ArtifactNotServable(Exception):
@@ -274,6 +275,28 @@ class Supervisor:
             )
         return True, "ready"
 
+    def llama_metrics(self) -> tuple[int, bytes]:
+        """llama-server's Prometheus text, read with the deployment's key, for a
+        scraper on the supervisor's port (which the chart's NetworkPolicy opens to
+        metricsFrom): the key guards prompts and slots, while these counters say only
+        how busy the replica is. At most METRICS_MAX_BYTES, in PROBE_TIMEOUT_S."""
+        connection = http.client.HTTPConnection(self.host, LLAMA_PORT, timeout=PROBE_TIMEOUT_S)
+        try:
+            connection.request("GET", "/metrics", headers=self.headers)
+            response = connection.getresponse()
+            body = response.read(METRICS_MAX_BYTES + 1)
+        except (OSError, http.client.HTTPException) as exc:
+            return 503, f"llama-server unreachable: {type(exc).__name__}\n".encode()
+        finally:
+            connection.close()
+        if len(body) > METRICS_MAX_BYTES:
+            return 502, b"llama-server's metrics exceed the relay's limit\n"
+        return (
+            (200, body)
+            if response.status == 200
+            else (502, b"llama-server answered %d\n" % response.status)
+        )
+
     def alive(self) -> bool:
         """Live while the artifact is checked (a Direct artifact is hashed again, which
         can outlast the liveness probe's failures) and while llama-server runs."""
@@ -327,6 +350,9 @@ class Supervisor:
                 return
 
             def do_GET(self) -> None:
+                if self.path == "/metrics":
+                    self._relay_metrics()
+                    return
                 if self.path == "/readyz":
                     ok, why = supervisor.ready_when_loaded()
                 elif self.path == "/livez":
@@ -337,6 +363,14 @@ class Supervisor:
                 body = json.dumps({"ok": ok, "reason": why}).encode()
                 self.send_response(200 if ok else (404 if why == "not found" else 503))
                 self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _relay_metrics(self) -> None:
+                status, body = supervisor.llama_metrics()
+                self.send_response(status)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)

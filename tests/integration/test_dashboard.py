@@ -6,8 +6,9 @@ family declared without series yet (upstream errors, cold starts on a warm model
 per-key usage with keys off) counts: its `# TYPE` line names it. The names are the
 ones tests/unit/test_dashboard.py checks against the code and the pinned source;
 this checks them against what the processes really answer. llama-server's
-`/metrics` needs the deployment's key where Kama has a master key, as the chart's
-servingPodMonitor documents."""
+`/metrics` needs the deployment's key where Kama has a master key, so the chart's
+servingPodMonitor scrapes the runtime's relay on the supervisor port, without a key,
+and gets what llama-server answers with it."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from kama.serving_plan import LLAMA_PORT
+from kama.serving_plan import LLAMA_PORT, SUPERVISOR_PORT
 from kama.serving_pod import DEPLOYMENT_LABEL
 from kamadev.dashboard import DASHBOARD, dashboard_metric_names, exposed_names
 from tests.conftest import GatewayProcess
@@ -54,12 +55,11 @@ def test_every_dashboard_metric_is_exposed_by_a_running_kama(
 
     pod = replica.pod
     url = f"http://{pod['status']['podIP']}:{LLAMA_PORT}/metrics"
-    headers = serving_headers(pod)
-    if headers:  # llama-server's /metrics is not public: what a PodMonitor would meet
+    if serving_headers(pod):  # llama-server's /metrics is not public
         assert httpx.get(url, timeout=5).status_code == 401
-    answer = httpx.get(url, headers=headers, timeout=5)
-    assert answer.status_code == 200, answer.text
-    llama_text = answer.text
+    relayed = httpx.get(f"http://{pod['status']['podIP']}:{SUPERVISOR_PORT}/metrics", timeout=5)
+    assert relayed.status_code == 200, relayed.text  # what the servingPodMonitor scrapes
+    llama_text = relayed.text
     assert unlabelled(llama_text, "llamacpp:tokens_predicted_total") > 0
     # the servingPodMonitor's relabeling makes model="<namespace>/<deployment>" of the
     # pod's namespace and label: the gateway's name for the same model

@@ -119,7 +119,7 @@ def test_a_pod_monitor_scrapes_llama_server_on_the_serving_pods(helm: Helm) -> N
     assert spec["selector"] == {"matchLabels": {MANAGED_BY_LABEL: "kama", ROLE_LABEL: SERVER_ROLE}}
     assert spec["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
     [endpoint] = spec["podMetricsEndpoints"]
-    assert (endpoint["port"], endpoint["path"]) == ("http", "/metrics")
+    assert (endpoint["port"], endpoint["path"]) == ("supervisor", "/metrics")  # the relay
     [model] = endpoint["relabelings"]
     assert model["targetLabel"] == "model" and model["separator"] == "/"
     assert model["sourceLabels"] == [
