@@ -45,8 +45,11 @@ lint: deps
 typecheck: deps
 	$(VENV)/mypy
 
+# every run writes its per-test durations (test-results/junit.xml) and prints the
+# slowest 20 (python -m kamadev.slowest_tests test-results/junit.xml)
 pytest: setup
-	$(VENV)/pytest -p no:cacheprovider
+	$(VENV)/pytest -p no:cacheprovider --junitxml=test-results/junit.xml
+	$(VENV)/python -m kamadev.slowest_tests test-results/junit.xml
 
 # the pure tests on the newest Python the package supports, and `uv tool install .`
 newest-python: deps

@@ -1,0 +1,49 @@
+"""The slowest tests of a run, from the JUnit XML that `make test` writes: the table the
+README's test-time section shows, so the numbers there come from a run, not memory.
+
+`python -m kamadev.slowest_tests test-results/junit.xml [N]` prints a Markdown table
+of the N (default 20) slowest tests with their seconds, and the total."""
+
+from __future__ import annotations
+
+import sys
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class CaseTime:
+    name: str  # path::test as pytest names it
+    seconds: float
+
+
+def case_times(xml: str) -> list[CaseTime]:
+    """Every test case in a JUnit XML report, slowest first."""
+    root = ET.fromstring(xml)
+    times = []
+    for case in root.iter("testcase"):
+        module = case.get("classname", "").replace(".", "/")
+        times.append(CaseTime(f"{module}.py::{case.get('name', '')}", float(case.get("time", 0))))
+    return sorted(times, key=lambda t: -t.seconds)
+
+
+def table(times: list[CaseTime], *, top: int = 20) -> str:
+    total = sum(t.seconds for t in times)
+    lines = ["| # | test | s |", "|---|---|---:|"]
+    lines += [f"| {i} | `{t.name}` | {t.seconds:.1f} |" for i, t in enumerate(times[:top], 1)]
+    lines.append(f"\n{len(times)} tests, {total / 60:.1f} min in tests")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print("usage: python -m kamadev.slowest_tests <junit.xml> [N]", file=sys.stderr)
+        return 2
+    top = int(argv[1]) if len(argv) > 1 else 20
+    print(table(case_times(Path(argv[0]).read_text()), top=top))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

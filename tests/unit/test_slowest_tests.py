@@ -1,0 +1,24 @@
+"""The slowest-tests table reads pytest's JUnit XML: slowest first, named as pytest
+names them, with the run's total."""
+
+from __future__ import annotations
+
+from kamadev.slowest_tests import table, case_times
+
+XML = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
+<testcase classname="tests.unit.test_a" name="test_fast" time="0.5"/>
+<testcase classname="tests.integration.test_b" name="test_slow[x]" time="92.25"/>
+<testcase classname="tests.unit.test_a" name="test_mid" time="3"/>
+</testsuite></testsuites>"""
+
+
+def test_the_slowest_come_first_with_the_total() -> None:
+    times = case_times(XML)
+    assert [t.name for t in times] == [
+        "tests/integration/test_b.py::test_slow[x]",
+        "tests/unit/test_a.py::test_mid",
+        "tests/unit/test_a.py::test_fast",
+    ]
+    shown = table(times, top=2)
+    assert "| 1 | `tests/integration/test_b.py::test_slow[x]` | 92.2 |" in shown
+    assert "test_fast" not in shown and "3 tests, 1.6 min in tests" in shown
