@@ -3,7 +3,7 @@ names them, with the run's total."""
 
 from __future__ import annotations
 
-from kamadev.slowest_tests import table, case_times
+from kamadev.slowest_tests import case_times, table
 
 XML = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
 <testcase classname="tests.unit.test_a" name="test_fast" time="0.5"/>
