@@ -5,7 +5,7 @@ export UV_PYTHON_DOWNLOADS := never
 UV_VERSION := 0.13.8
 VENV := .venv/bin
 
-.PHONY: setup deps binaries helm images images-cuda dev test lint typecheck pytest newest-python bench
+.PHONY: setup deps binaries helm images images-cuda dev test lint typecheck pytest newest-python bench matrix
 
 setup: deps binaries
 
@@ -56,6 +56,11 @@ newest-python: deps
 	bash deploy/local/test-newest-python.sh
 
 test: lint typecheck pytest newest-python
+
+# the chart's install-and-serve test on the oldest Kubernetes and the Helm major the
+# chart could claim, built from Go modules (README, Install; not in CI)
+matrix: setup
+	bash deploy/local/test-matrix.sh
 
 bench: setup
 	$(VENV)/pytest -p no:cacheprovider -o python_files="bench_*.py" tests/bench -s
