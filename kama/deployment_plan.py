@@ -55,6 +55,7 @@ from kama.planner import (
 )
 from kama.quantities import parse_bytes
 from kama.reasons import DeploymentReason as R
+from kama.serving_defaults import default_prompt_cache_mib, default_threads
 from kama.serving_plan import ServingPlan, load_mode
 from kama.serving_pod import ServingTemplate
 
@@ -300,6 +301,9 @@ def decide_deployment(
     )
     facts = replace(facts, loaded_with=extras.companions)
     envelope = runtime_envelope(spec.runtime)
+    if envelope.prompt_cache_mib is None:  # kama.serving_defaults: counted, not 8 GiB
+        cache = default_prompt_cache_mib(model=facts, envelope=envelope)
+        envelope = replace(envelope, prompt_cache_mib=cache)
     location = artifact.serving_location
     assert location is not None and artifact.manifest_digest is not None
     allowed = nodes_that_mount(affinity=location.node_affinity, nodes=nodes)
@@ -329,6 +333,7 @@ def decide_deployment(
         return DeploymentDecision(plan=plan, template=None, profile=None, rejected=rejected)
     profile = plan.selected
     device = profile.device
+    cpu_request = spec.resources.cpu or f"{profile.cpu_millicores}m"
     runtime_plan = replace(
         serving_plan(
             profile=profile,
@@ -336,6 +341,7 @@ def decide_deployment(
             manifest_digest=artifact.manifest_digest.removeprefix("sha256:"),
         ),
         drain_timeout_s=parse_duration(spec.scaling.drain_timeout).total_seconds(),
+        threads=spec.runtime.threads or default_threads(cpu_request=cpu_request),
         load_mode=load_mode(mlock=spec.runtime.expert.mlock, no_mmap=spec.runtime.expert.no_mmap),
         cache_reuse=spec.runtime.expert.cache_reuse,
         mode=None if spec.runtime.mode is ServingMode.GENERATION else str(spec.runtime.mode),
@@ -347,7 +353,7 @@ def decide_deployment(
         plan=runtime_plan,
         claim_name=location.claim_name,
         sub_path=location.sub_path,
-        cpu_request=spec.resources.cpu or f"{profile.cpu_millicores}m",
+        cpu_request=cpu_request,
         memory_request=spec.resources.memory or str(profile.ram_bytes),
         memory_limit=spec.resources.memory_limit,
         gpus=profile.gpus_per_replica,

@@ -202,11 +202,13 @@ class Runtime(SpecModel):
     micro_batch_size: int | None = Field(default=None, ge=1, le=65536)
     flash_attention: FlashAttention = FlashAttention.AUTO
     threads: int | None = Field(default=None, ge=1, le=1024)
+    """llama-server's threads (--threads); each asks for a CPU. Omitted = one per whole
+    CPU the replica requests (resources.cpu, else one CPU), at least one."""
     prompt_cache_memory: str | None = Field(default=None, max_length=32, pattern=QUANTITY_PATTERN)
     """Host memory for llama-server's prompt cache (--cache-ram): conversations that
     left their slot are kept there and restored when they come back. Counted in each
     replica's memory estimate (and so its default memory request); 0 turns the cache
-    off; omitted = llama-server's own limit (8 GiB), which the estimate does not count."""
+    off; omitted = as much as the slots' KV cache, counted alike."""
     expert: ExpertKnobs = Field(default_factory=ExpertKnobs)
     draft_model_ref: DNSSubdomain | None = None
     """A ModelArtifact in this namespace holding a small model of the same vocabulary:

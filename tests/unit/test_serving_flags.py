@@ -80,13 +80,72 @@ def test_prompt_cache_memory_is_passed_and_counted(
 ) -> None:
     """`runtime.promptCacheMemory` bounds llama-server's host-RAM prompt cache and the
     replica's memory request grows by exactly that bound (a pod with a memory limit is
-    not OOM-killed by conversations its cache keeps); omitted, llama-server keeps its
-    own default and the estimate is unchanged."""
+    not OOM-killed by conversations its cache keeps)."""
     args = rendered(generated, promptCacheMemory=memory)
     assert flag_value(args, "--cache-ram") == flag
-    assert "--cache-ram" not in rendered(generated)
-    grown = memory_request(generated, promptCacheMemory=memory) - memory_request(generated)
+    grown = memory_request(generated, promptCacheMemory=memory) - memory_request(
+        generated, promptCacheMemory="0"
+    )
     assert grown == counted
+
+
+def test_an_omitted_prompt_cache_is_the_slots_kv_and_counted(generated: Path) -> None:
+    """Omitted, the prompt cache is not llama-server's uncounted 8 GiB but as large as
+    the slots' KV cache (kama.serving_defaults), and counted like an explicit one."""
+    runtime = {"contextSize": 2048, "concurrency": 2}
+    args = rendered(generated, **runtime)
+    template = decided(generated, **runtime)
+    kv_mib = -(-template_kv_bytes(generated, **runtime) // (1 << 20))
+    assert flag_value(args, "--cache-ram") == str(kv_mib)
+    grown = memory_request(generated, **runtime) - memory_request(
+        generated, promptCacheMemory="0", **runtime
+    )
+    assert grown == kv_mib << 20 and template.plan.prompt_cache_mib == kv_mib
+
+
+def template_kv_bytes(generated: Path, **runtime: Any) -> int:
+    spec = ModelDeploymentSpec.model_validate(
+        {"modelRef": {"name": "m"}, "placement": {"mode": "CPU"}, "runtime": runtime}
+    )
+    decision = decide_deployment(
+        spec=spec, artifact=artifact_status(generated), nodes=[node("a", memory="8Gi")], image="i"
+    )
+    assert decision.plan.selected is not None
+    return decision.plan.selected.estimate.host.kv_bytes
+
+
+@pytest.mark.parametrize(
+    ("runtime", "resources", "threads", "cpu"),
+    [
+        ({}, {}, "1", "1000m"),  # the planner's request: one CPU, one thread
+        ({}, {"cpu": "2500m"}, "2", "2500m"),  # whole CPUs requested
+        ({}, {"cpu": "300m"}, "1", "300m"),  # at least one
+        ({"threads": 3}, {}, "3", "3000m"),  # asked: 1000m per thread
+    ],
+)
+def test_threads_follow_the_cpu_the_replica_requests(
+    generated: Path,
+    runtime: dict[str, Any],
+    resources: dict[str, str],
+    threads: str,
+    cpu: str,
+) -> None:
+    """llama-server's own default is a thread per host core whatever the pod asked
+    for; Kama gives it one per whole CPU requested."""
+    spec = ModelDeploymentSpec.model_validate(
+        {
+            "modelRef": {"name": "m"},
+            "placement": {"mode": "CPU"},
+            "runtime": runtime,
+            "resources": resources,
+        }
+    )
+    decision = decide_deployment(
+        spec=spec, artifact=artifact_status(generated), nodes=[node("a", memory="8Gi")], image="i"
+    )
+    assert decision.template is not None
+    assert decision.template.cpu_request == cpu
+    assert flag_value(decision.template.plan.llama_server_args(host="h"), "--threads") == threads
 
 
 def unknown_flags(args: list[str]) -> list[str]:
