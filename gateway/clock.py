@@ -1,6 +1,7 @@
 """Time as a parameter of the gateway's timing decisions: the demand reporter (when a
 report goes out, how long a rise waited), the wake queue (retries, the cold-start
-timeout, how long a request was held) and the KEDA demand cache each take a `Clock`.
+timeout, how long a request was held), the KEDA demand cache and the registry (how
+long a request waits for its home replica) each take a `Clock`.
 Production passes the monotonic clock; tests pass a clock they step, so they assert
 exact times without sleeping on real ones."""
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 
 class Clock(Protocol):
@@ -47,3 +48,16 @@ async def wait_for_event(event: asyncio.Event, *, within: float, clock: Clock) -
         waiting.cancel()
         timer.cancel()
     return waiting.done() and not waiting.cancelled()
+
+
+async def wait_for_future(future: asyncio.Future[Any], *, within: float, clock: Clock) -> bool:
+    """Wait until `future` is done or `within` seconds pass on `clock`; whether it is
+    done. The future itself is left as it is (a timeout does not cancel it)."""
+    if future.done():
+        return True
+    timer = asyncio.ensure_future(clock.sleep(within))
+    try:
+        await asyncio.wait({future, timer}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        timer.cancel()
+    return future.done()

@@ -1,10 +1,13 @@
 """Forwarding one request to one replica and relaying its answer.
 
 The replica comes from the registry as a lease (released once, in one `finally`,
-whatever happens): at once if one has a free slot, else after the requests already
-waiting for one. Waiting for a first replica (cold start) or for a slot counts the
-body against the gateway-wide held-bytes budget (`gateway.held`), and waiting
-requests are capped in number: per model at its `maxQueuedRequests` (for a slot as
+whatever happens): at once if one has a free slot (with affinity keys: its home
+replica, see `gateway.routing`), else after the requests already waiting for one
+(with affinity keys: a bounded wait for its home first, see `gateway.registry`). A
+request that would wait for its full home but may not wait (the caps below) takes a
+free slot elsewhere rather than a 429. Waiting for a first replica (cold start) or for
+a slot counts the body against the gateway-wide held-bytes budget (`gateway.held`),
+and waiting requests are capped in number: per model at its `maxQueuedRequests` (for a slot as
 for a cold start) and over the gateway at `max_waiting_requests`; past either, 429
 with Retry-After. A connection that fails before anything was sent is retried on
 another replica. One that refused leaves routing at once (its llama-server is gone
@@ -40,6 +43,7 @@ from typing import Protocol
 
 import httpx
 
+from gateway.affinity import Affinity
 from gateway.answer_model import (
     MAX_DOCUMENT_BYTES,
     EventStreamRenamer,
@@ -122,7 +126,7 @@ class Proxy:
         route: str,
         reply: Reply,
         asked_as: str,
-        affinity: bytes | None = None,
+        affinity: Affinity | None = None,
         errors: ErrorShape = ErrorShape.OPENAI,
     ) -> None:
         """Answer `reply` from a replica of `model`, or raise GatewayError. The answer
@@ -183,16 +187,23 @@ class Proxy:
     def _check_waiting(self, model: Model | None = None) -> None:
         """GatewayError 429 if one more request may not wait: the gateway's cap, and
         with `model`, its cap on requests waiting for a slot."""
+        refusal = self._waiting_refused(model)
+        if refusal is not None:
+            raise refusal
+
+    def _waiting_refused(self, model: Model | None) -> GatewayError | None:
+        """The 429 `_check_waiting` raises, or None if the request may wait."""
         if self.waiting >= self.max_waiting_requests:
-            raise _queue_full(
+            return _queue_full(
                 f"the gateway already has {self.waiting} requests waiting "
                 f"(at most {self.max_waiting_requests})"
             )
         if model is not None and self.slot_waiting.get(model.key, 0) >= model.max_queued:
-            raise _queue_full(
+            return _queue_full(
                 f"model {model.key} has every slot taken and {model.max_queued} requests "
                 "waiting for one (its maxQueuedRequests)"
             )
+        return None
 
     async def _lease(
         self,
@@ -201,7 +212,7 @@ class Proxy:
         route: str,
         tried: set[str],
         size: int,
-        affinity: bytes | None = None,
+        affinity: Affinity | None = None,
     ) -> Lease | None:
         """A replica with a free slot, at once or after the requests already waiting
         for one (see `ModelRegistry.wait_for_slot`, the wait counted as held bytes);
@@ -215,14 +226,29 @@ class Proxy:
                 return lease
         if not registry.can_wait(model, exclude=tried):
             return None
-        self._check_waiting(model)
+        refusal = self._waiting_refused(model)
+        if refusal is not None:
+            if affinity is not None:  # it would have waited for its home: any free slot
+                lease = registry.acquire(
+                    model,
+                    route=route,
+                    exclude=tried,
+                    now=time.monotonic(),
+                    affinity=affinity,
+                    wait_for_home=False,
+                )
+                if lease is not None:
+                    return lease
+            raise refusal
         waiting = registry.metrics.slot_waiting.labels(model.key)
         with self.held.hold(size):
             waiting.inc()
             self.waiting += 1
             self.slot_waiting[model.key] = self.slot_waiting.get(model.key, 0) + 1
             try:
-                return await registry.wait_for_slot(model, route=route, exclude=tried)
+                return await registry.wait_for_slot(
+                    model, route=route, exclude=tried, affinity=affinity
+                )
             finally:
                 waiting.dec()
                 self.waiting -= 1

@@ -12,10 +12,18 @@ lease's `release` is the only way those counts go down, and the proxy calls it o
 in a `finally` (kubeai's `AwaitBestAddress` returns its `done` the same way).
 
 A replica takes at most `slots` requests from this gateway (see `gateway.routing`).
-When every replica of a model is full, `wait_for_slot` queues the request in the
-model's FIFO queue, here where routing sees it; a release hands the freed slot to
-the longest waiting request (which reuses the connection just left idle), so a
-burst goes to whichever replica frees first.
+When every replica a request may use is full, or (`PrefixAffinity`) its home replica
+is, `wait_for_slot` queues it in the model's queue, here where routing sees it. A
+request with affinity keys keeps them while it waits, and its home (chosen when it
+arrived): for up to `home_wait_s` it may take a slot on its home only, then any. A
+freed slot goes to the longest waiting request that may take it: the oldest of those
+waiting for that replica as their home and those that may take any replica. So a
+request gets its home's slot ahead of an older one waiting for another home, but
+once a request's home wait is over it is served in arrival order with every request
+that may use any replica: nothing waits for a slot longer than `home_wait_s` plus
+its turn in that order. Without affinity this is the plain FIFO queue: a release
+hands its slot to the longest waiting request (which reuses the connection just
+left idle), so a burst goes to whichever replica frees first.
 
 With a master serving key, each endpoint carries its llama-server's Authorization
 header value (`kama.serving_key`: derived from the pod's namespace and controlling
@@ -34,11 +42,13 @@ from datetime import datetime
 from typing import Any
 
 from gateway.adapters import Adapters, adapters_of
+from gateway.affinity import Affinity
 from gateway.aliases import alias_owners
 from gateway.api_routes import serving_mode
+from gateway.clock import MONOTONIC, Clock, wait_for_future
 from gateway.deployment_status import cannot_start, not_serving_reason
 from gateway.metrics import GatewayMetrics, RequestSeries
-from gateway.routing import choose_endpoint
+from gateway.routing import HOME_WAIT_S, choose_endpoint, home_endpoint
 from kama.api.deployment_choices import DEFAULT_SCALE_DOWN_WINDOW, ServingMode
 from kama.autoscaling import report_period
 from kama.contracts import ObjectRef
@@ -62,6 +72,7 @@ class Endpoint:
     served: int = 0
     early: bool = False  # confirmed by the supervisor's /readyz before the kubelet said Ready
     unreachable_until: float = 0.0  # a connection timed out: others first until then
+    homed: int = 0  # requests waiting for a slot here as their home (PrefixAffinity)
     leaving: bool = False  # draining or deleted while requests were in flight here
     authorization: bytes | None = None  # its llama-server's key, as a header value
 
@@ -119,11 +130,14 @@ class Model:
 
 @dataclass(eq=False, slots=True)
 class SlotWaiter:
-    """A request waiting for a free slot on a replica it has not tried yet."""
+    """A request waiting for a free slot on a replica it has not tried yet: only on
+    `home` while that is set (its home wait), then on any."""
 
     route: str
     exclude: Collection[str]
     granted: asyncio.Future[Lease | None]
+    affinity: Affinity | None = None
+    home: Endpoint | None = None  # counted in its `homed` while set
 
 
 def _slots(pod: dict[str, Any]) -> int:
@@ -164,7 +178,8 @@ class Lease:
 
     def release(self) -> None:
         """The request is over (answered, failed or abandoned); a second call does
-        nothing. The freed slot goes to the longest waiting request, if any."""
+        nothing. The freed slot goes to the longest waiting request that may take it
+        (see the module's docstring), if any."""
         if self.released:
             return
         self.released = True
@@ -179,9 +194,16 @@ class Lease:
 
 class ModelRegistry:
     def __init__(
-        self, *, metrics: GatewayMetrics | None = None, serving_key: str | None = None
+        self,
+        *,
+        metrics: GatewayMetrics | None = None,
+        serving_key: str | None = None,
+        clock: Clock = MONOTONIC,
+        home_wait_s: float = HOME_WAIT_S,
     ) -> None:
         self.metrics = metrics or GatewayMetrics()
+        self.clock = clock  # times the home wait
+        self.home_wait_s = home_wait_s  # 0: a request with a full home spills at once
         self.serving_key = serving_key  # the master key (kama.serving_key); None: no key
         self.models: dict[str, Model] = {}
         self.alias_owners: dict[str, str] = {}  # alias -> key of the model it routes to
@@ -347,15 +369,25 @@ class ModelRegistry:
         route: str,
         exclude: Collection[str],
         now: float,
-        affinity: bytes | None = None,
+        affinity: Affinity | None = None,
+        wait_for_home: bool = True,
     ) -> Lease | None:
         """The replica for the next request (see `gateway.routing`), counted in flight
-        until the returned lease is released; None if no replica is left to try."""
+        until the returned lease is released; None if no replica with a free slot is
+        left to try, or if the request's home is full and worth waiting for
+        (`wait_for_home`, and a `home_wait_s`): then `wait_for_slot`."""
         endpoint = choose_endpoint(
-            model.endpoints.values(), exclude=exclude, now=now, affinity=affinity
+            model.endpoints.values(),
+            exclude=exclude,
+            now=now,
+            affinity=affinity,
+            wait_for_home=wait_for_home and self.home_wait_s > 0,
         )
         if endpoint is None:
             return None
+        return self._lease(model, endpoint, route=route)
+
+    def _lease(self, model: Model, endpoint: Endpoint, *, route: str) -> Lease:
         series = self.metrics.series(model=model.key, route=route, pod=endpoint.pod)
         endpoint.in_flight += 1
         endpoint.served += 1
@@ -371,44 +403,99 @@ class ModelRegistry:
         return any(pod not in exclude for pod in model.endpoints)
 
     async def wait_for_slot(
-        self, model: Model, *, route: str, exclude: Collection[str]
+        self,
+        model: Model,
+        *,
+        route: str,
+        exclude: Collection[str],
+        affinity: Affinity | None = None,
     ) -> Lease | None:
-        """A lease on the first replica (not in `exclude`) with a free slot, after the
-        requests queued before this one; None once no such replica is left to try."""
+        """A lease on the first replica (not in `exclude`) with a free slot, in the
+        order the module's docstring gives; None once no such replica is left to try.
+        With `affinity`, up to `home_wait_s` for a slot on its home (chosen now, among
+        every replica it may use, full or not), then on any."""
         if not self.can_wait(model, exclude=exclude):
             return None
-        waiter = SlotWaiter(route, exclude, asyncio.get_running_loop().create_future())
+        home = None
+        if affinity is not None and self.home_wait_s > 0:
+            home = home_endpoint(
+                model.endpoints.values(), exclude=exclude, now=time.monotonic(), affinity=affinity
+            )
+        granted: asyncio.Future[Lease | None] = asyncio.get_running_loop().create_future()
+        waiter = SlotWaiter(route, exclude, granted, affinity=affinity, home=home)
+        if home is not None:
+            home.homed += 1
         model.slot_waiters.append(waiter)
         self.demand_rose.set()
         self.grant_slots(model)  # waiters that left are skipped; a free slot is granted now
         try:
-            return await waiter.granted
+            if waiter.home is not None and not granted.done():
+                await wait_for_future(granted, within=self.home_wait_s, clock=self.clock)
+                if not granted.done():  # its home wait is over: any replica now
+                    _end_home_wait(waiter)
+                    self.grant_slots(model)
+            return await granted
         except asyncio.CancelledError:  # the waiter stays queued, done: granting skips it
-            granted = waiter.granted
+            granted.cancel()  # if the cancel came during its home wait, not on `granted`
             lease = granted.result() if granted.done() and not granted.cancelled() else None
             if lease is not None:
                 lease.release()  # granted as its client left: pass it on
             raise
+        finally:
+            _end_home_wait(waiter)
 
     def grant_slots(self, model: Model) -> None:
-        """Hand free slots to waiting requests, longest waiting first; a request with
-        no replica left to try gets None."""
+        """Hand free slots to waiting requests, longest waiting first, each a slot it
+        may take (its home's only, during its home wait); a request with no replica
+        left to try gets None."""
         waiters, now = model.slot_waiters, time.monotonic()
-        while waiters:
-            waiter = waiters[0]
-            if waiter.granted.done():  # cancelled: its client left
-                waiters.popleft()
+        free = self._has_free_slot(model)
+        for waiter in waiters:
+            if waiter.granted.done():  # cancelled (its client left) or granted
                 continue
-            lease = self.acquire(model, route=waiter.route, exclude=waiter.exclude, now=now)
+            lease = self._grant(model, waiter, now=now) if free else None
             if lease is None and self.can_wait(model, exclude=waiter.exclude):
-                return  # every replica it may use is full: the next release comes back here
-            waiters.popleft()
+                continue  # what it may use is full: a release or its home wait's end comes back
+            _end_home_wait(waiter)
             waiter.granted.set_result(lease)
+            free = free and self._has_free_slot(model)
+        if any(waiter.granted.done() for waiter in waiters):
+            waiting = [waiter for waiter in waiters if not waiter.granted.done()]
+            waiters.clear()
+            waiters.extend(waiting)
+
+    def _grant(self, model: Model, waiter: SlotWaiter, *, now: float) -> Lease | None:
+        """A lease for `waiter` if a slot it may take is free."""
+        home = waiter.home
+        if home is not None:
+            if model.endpoints.get(home.pod) is home:
+                free = home.in_flight < home.slots
+                return self._lease(model, home, route=waiter.route) if free else None
+            _end_home_wait(waiter)  # its home left routing: any replica, at once
+        return self.acquire(
+            model,
+            route=waiter.route,
+            exclude=waiter.exclude,
+            now=now,
+            affinity=waiter.affinity,
+            wait_for_home=False,
+        )
+
+    @staticmethod
+    def _has_free_slot(model: Model) -> bool:
+        return any(e.in_flight < e.slots for e in model.endpoints.values())
 
     def drop_endpoint(self, model: Model, endpoint: Endpoint) -> None:
         """A connection to it failed: stop routing there until the watch says otherwise."""
         model.endpoints.pop(endpoint.pod, None)
         self._update_ready(model)
+
+
+def _end_home_wait(waiter: SlotWaiter) -> None:
+    """The waiter no longer waits for its home (granted, gone, or its wait is over)."""
+    if waiter.home is not None:
+        waiter.home.homed -= 1
+        waiter.home = None
 
 
 def _created(meta: dict[str, Any]) -> float:

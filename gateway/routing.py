@@ -8,13 +8,20 @@ there) / slots), ties broken by recent latency, then by how many requests each h
 served. Pure; it declares the little it reads of an endpoint, so the registry can
 call it without an import cycle.
 
-With an affinity key (`PrefixAffinity` routing, `gateway.affinity`), replicas are
-ranked by rendezvous hashing of the key with each pod's name, so a conversation keeps
-going to the replica that holds its prefix in cache and only the keys of a replica
-that leaves or arrives move; the first in that order whose load stays within
-LOAD_BOUND times the average (counting this request) takes it, so one hot prefix
-spills over to the next replica instead of queueing on one (consistent hashing with
-bounded loads, Mirrokni et al. 2018)."""
+With affinity keys (`PrefixAffinity` routing, `gateway.affinity`), the replicas are
+ranked for the request: first the one its shared prefix (the system prompt) hashes to
+highest, then the others by rendezvous hashing of its conversation with each pod's
+name. So users of one system prompt share a replica and its cached prefix, a
+conversation that has to leave it goes to the same next replica on every turn, and
+only the keys of a replica that leaves or arrives move. The first in that order whose
+load stays within LOAD_BOUND times the average (counting this request) is the
+request's home (consistent hashing with bounded loads, Mirrokni et al. 2018), so one
+hot prefix spills over instead of queueing on one replica. The home is chosen among
+every routable replica, full or not, a replica's load counting the requests waiting
+for it as their home: a full home within the bound is worth a short wait (the
+registry waits up to `HOME_WAIT_S` for a slot there) rather than a prefill of the
+whole prompt elsewhere; after that wait, the request spills to the first replica in
+the same order with a free slot (again within the bound among those)."""
 
 from __future__ import annotations
 
@@ -23,7 +30,17 @@ import math
 from collections.abc import Collection, Iterable
 from typing import Protocol, TypeVar
 
+from gateway.affinity import Affinity
+
 LOAD_BOUND = 1.25
+# How long a request may wait for a slot on its full home before it spills. A spill
+# pays the prefill of the whole prompt elsewhere: for a few thousand tokens of system
+# prompt and conversation about a second on a GPU (the benchmark's 1,500 tokens take
+# ~1 s on one CPU core), while a busy replica of several slots frees one every
+# (request time / slots), usually well within it. Longer, and a full replica's
+# waiters lose more than its cache saves them; the bounded-load rule already sends
+# requests elsewhere when the home is busier than the rest.
+HOME_WAIT_S = 1.0
 
 
 class Candidate(Protocol):
@@ -33,6 +50,7 @@ class Candidate(Protocol):
     latency_s: float
     served: int
     unreachable_until: float
+    homed: int  # requests waiting for a slot here, as their home
 
     def pressure(self) -> float: ...
 
@@ -43,30 +61,100 @@ C = TypeVar("C", bound=Candidate)
 
 
 def choose_endpoint(
-    endpoints: Iterable[C], *, exclude: Collection[str], now: float, affinity: bytes | None = None
+    endpoints: Iterable[C],
+    *,
+    exclude: Collection[str],
+    now: float,
+    affinity: Affinity | None = None,
+    wait_for_home: bool = False,
 ) -> C | None:
-    candidates = [e for e in endpoints if e.in_flight < e.slots and e.pod not in exclude]
+    """The replica with a free slot to take the request now, or None. With
+    `affinity`: its home if that has a free slot; if the home is full, None when the
+    caller will wait for it (`wait_for_home`), else the first free one in its order."""
+    if affinity is not None:
+        return _with_affinity(
+            list(endpoints),
+            exclude=exclude,
+            now=now,
+            affinity=affinity,
+            wait_for_home=wait_for_home,
+        )
+    candidates = [e for e in endpoints if _free(e) and e.pod not in exclude]
     if len(candidates) < 2:  # the common case at low scale: nothing to compare
         return candidates[0] if candidates else None
-    if affinity is not None:
-        reachable = [e for e in candidates if e.unreachable_until <= now] or candidates
-        return by_affinity(reachable, key=affinity)
     return min(
         candidates,
         key=lambda e: (e.unreachable_until > now, e.pressure(), e.latency_s, e.served, e.pod),
     )
 
 
-def by_affinity(candidates: list[C], *, key: bytes) -> C:
-    """The first of `candidates` in the key's rendezvous order whose load, with this
-    request, stays within LOAD_BOUND times the average."""
-    total = sum(e.load() for e in candidates) + 1
+def _with_affinity(
+    endpoints: list[C],
+    *,
+    exclude: Collection[str],
+    now: float,
+    affinity: Affinity,
+    wait_for_home: bool,
+) -> C | None:
+    """`choose_endpoint` for a request with affinity keys."""
+    home = home_endpoint(endpoints, exclude=exclude, now=now, affinity=affinity)
+    if home is None or _free(home):
+        return home
+    if wait_for_home:
+        return None
+    free = [e for e in endpoints if _free(e) and e.pod not in exclude]  # the home is full
+    if len(free) < 2:
+        return free[0] if free else None
+    reachable = [e for e in free if e.unreachable_until <= now] or free
+    return by_affinity(reachable, affinity=affinity)
+
+
+def home_endpoint(
+    endpoints: Iterable[C], *, exclude: Collection[str], now: float, affinity: Affinity
+) -> C | None:
+    """The request's home among every routable replica it may use, full or not (those
+    that recently timed out a connection only if nothing else is left)."""
+    routable = _routable(endpoints, exclude=exclude, now=now)
+    return by_affinity(routable, affinity=affinity) if routable else None
+
+
+def by_affinity(candidates: list[C], *, affinity: Affinity) -> C:
+    """The first of `candidates` in the request's order (`ranked`) whose load, with
+    this request, stays within LOAD_BOUND times the average. A replica's load counts
+    the requests waiting for it as their home: a hot prefix's queue at its home is
+    bounded too, and the requests past it spill at once rather than after a wait."""
+    total = sum(_load(e) for e in candidates) + 1
     bound = math.ceil(LOAD_BOUND * total / len(candidates))
-    ranked = sorted(candidates, key=lambda e: _weight(key, e.pod), reverse=True)
-    for endpoint in ranked:
-        if endpoint.load() + 1 <= bound:
+    ordered = ranked(candidates, affinity=affinity)
+    for endpoint in ordered:
+        if _load(endpoint) + 1 <= bound:
             return endpoint
-    return min(ranked, key=lambda e: e.pressure())  # unreachable with bound >= average
+    return min(ordered, key=lambda e: e.pressure())  # unreachable with bound >= average
+
+
+def ranked(candidates: list[C], *, affinity: Affinity) -> list[C]:
+    """The shared prefix's replica, then the others in the conversation's rendezvous
+    order (with no system prompt both keys are one, and this is plain rendezvous)."""
+    first = max(candidates, key=lambda e: _weight(affinity.prefix, e.pod))
+    rest = sorted(
+        (e for e in candidates if e is not first),
+        key=lambda e: _weight(affinity.conversation, e.pod),
+        reverse=True,
+    )
+    return [first, *rest]
+
+
+def _routable(endpoints: Iterable[C], *, exclude: Collection[str], now: float) -> list[C]:
+    allowed = [e for e in endpoints if e.pod not in exclude]
+    return [e for e in allowed if e.unreachable_until <= now] or allowed
+
+
+def _load(endpoint: Candidate) -> int:
+    return endpoint.load() + endpoint.homed
+
+
+def _free(endpoint: Candidate) -> bool:
+    return endpoint.in_flight < endpoint.slots
 
 
 def _weight(key: bytes, pod: str) -> bytes:
