@@ -17,7 +17,6 @@ from kamadev.runbooks import runbook_steps
 from tests.conftest import KamaControl
 from tests.integration.test_artifact_plane import (
     cache,
-    cache_dir,
     condition,
     hf_artifact,
     publish_model,
@@ -29,7 +28,6 @@ from tests.support import apply, eventually, get_json
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "runbooks"
 RUNBOOKS = {"artifact": "artifact-recovery.md", "serving": "model-serving.md"}
 SITUATIONS_RUN = {
-    ("artifact-recovery.md", "corrupted-cache"),
     ("artifact-recovery.md", "wrong-checksum"),
     ("model-serving.md", "fit-failed"),
     ("model-serving.md", "runtime-failed"),
@@ -59,23 +57,6 @@ def run_runbook(
         assert done.returncode == 0, f"{runbook} {situation} step failed:\n{step}\n{done.stderr}"
         output.append(done.stdout)
     return "".join(output)
-
-
-def test_artifact_recovery_heals_a_corrupted_cache(
-    kama_control: KamaControl, namespace: str, tmp_path: Path
-) -> None:
-    control = kama_control
-    repo, model, _ = publish_model(control, tmp_path, seed=71)
-    apply(control.stack, cache(namespace), hf_artifact(namespace, "kept", repo, ["tiny.gguf"]))
-    status = wait_condition(control, namespace, "kept", "Ready")["status"]
-    published = cache_dir(control, namespace) / status["servingLocation"]["subPath"]
-    data = bytearray((published / "tiny.gguf").read_bytes())
-    data[-1] ^= 0xFF  # the situation: a bit flipped on the volume
-    (published / "tiny.gguf").write_bytes(bytes(data))
-
-    said = run_runbook(control, RUNBOOKS["artifact"], "corrupted-cache", NS=namespace, NAME="kept")
-    assert "tiny.gguf" in said, "the mismatch message names the file"
-    assert (published / "tiny.gguf").read_bytes() == model.read_bytes(), "downloaded again"
 
 
 def test_artifact_recovery_replaces_a_wrong_checksum(
