@@ -1,5 +1,9 @@
 """Session fixtures: the local stack (real apiserver, two real nodes, Temporal) is
-started once for all integration tests and torn down at the end."""
+started once for all integration tests and torn down at the end; and the suite's lanes
+(`pytest_collection_modifyitems`): pure and workflow tests first, then the stack tests,
+then the modules that need KEDA (built in the background meanwhile, `make pytest`),
+then the disruptive ones (outages, node loss, separate stacks torn down) serially at
+the end, so nothing they break can be blamed on a later test."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Final
 
 import httpx
 import pytest
@@ -20,6 +25,29 @@ from kamadev.keda import LocalKeda
 from kamadev.processes import ManagedProcess, free_port, processes_with_marker, wait_until
 from kamadev.stack import KAMA_IMAGE, KAMA_LLAMA_IMAGE, LocalStack
 from tests.support import eventually, kubectl
+
+KEDA_MODULES: Final = frozenset({"test_keda_mode", "test_keda_stack"})
+"""Modules that need KEDA's binaries, whose first build `make pytest` overlaps with the
+earlier lanes (deploy/local/build-keda.sh holds a lock: the fixture waits for it)."""
+DISRUPTIVE_MODULES: Final = ("test_node_loss", "test_outages", "test_teardown")
+"""Modules that stop parts of the session stack or build and tear down stacks of their
+own, in the order they run, last."""
+
+
+def suite_lane(*, path: str, module: str) -> int:
+    """The lane a test module runs in: 0 pure (tests/unit, tests/workflows), 1 stack,
+    2 KEDA, 3 + i the i-th disruptive module."""
+    if module in DISRUPTIVE_MODULES:
+        return 3 + DISRUPTIVE_MODULES.index(module)
+    if module in KEDA_MODULES:
+        return 2
+    return 1 if "/integration/" in path else 0
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Order the collected tests by lane, keeping the collection order within a lane
+    (a stable sort: module-scoped fixtures still start once per module)."""
+    items.sort(key=lambda item: suite_lane(path=item.path.as_posix(), module=item.path.stem))
 
 
 @pytest.fixture(scope="session")
@@ -203,6 +231,32 @@ def gateway(kama_control: KamaControl) -> Iterator[GatewayProcess]:
     try:
         wait_until(ready, timeout=60, what="the gateway to be ready")
         yield GatewayProcess(url=url, ops_url=ops_url, process=process, control=kama_control)
+    finally:
+        process.stop(grace=5)
+
+
+@pytest.fixture
+def keyed_gateway(kama_control: KamaControl) -> Iterator[str]:
+    """`kama gateway` as the chart runs it by default: every caller needs an API key."""
+    port, ops_port = free_port(), free_port()
+    process = _kama_process(
+        kama_control.stack,
+        "gateway",
+        {**kama_control.env, "KAMA_GATEWAY_AUTH": "apikey"},
+        name=f"gateway-keyed-{uuid.uuid4().hex[:6]}",
+        extra_args=["--host", "127.0.0.1", "--port", str(port), "--ops-port", str(ops_port)],
+    )
+
+    def ready() -> bool:
+        process.check_alive()
+        try:
+            return httpx.get(f"http://127.0.0.1:{ops_port}/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until(ready, timeout=60, what="the keyed gateway to be ready")
+        yield f"http://127.0.0.1:{port}"
     finally:
         process.stop(grace=5)
 

@@ -47,6 +47,7 @@ from kamadev.chart import CHART, RELEASE, helm, local_stack_values
 from kamadev.gguf_factory import ModelShape, write_model
 from kamadev.hub import Fault, HubFixture, sha256_file
 from kamadev.stack import LocalStack
+from tests.integration.runbook_shell import RUNBOOKS, run_runbook
 from tests.integration.test_artifact_plane import cache, condition, hf_artifact
 from tests.support import apply, eventually, get_json, kubectl
 
@@ -501,6 +502,12 @@ def test_chart_installs_kama_that_serves_a_model(
     patch_chat(stack, namespace, {"scaling": {"minReplicas": 0}})
     eventually(back_to_zero, timeout=120, what="chat idle back to zero again", interval=0.5)
 
+    # the upgrade-and-rollback runbook, as written: an upgrade that changes a value
+    # rolls the worker and keeps every artifact Ready; the rollback restores the value
+    started = time.monotonic()
+    upgrade_and_roll_back(stack, namespace, temporal_address=f"{temporal_ip}:7233")
+    runbook_s = time.monotonic() - started
+
     # uninstall: Kama's processes go, the CRDs, every Kama resource and the bytes stay;
     # a second install adopts them
     started = time.monotonic()
@@ -510,7 +517,8 @@ def test_chart_installs_kama_that_serves_a_model(
     )  # fmt: skip
     print(
         f"\nchart: installed and upgraded in {installed_s:.1f} s; worker rolled mid-flight "
-        f"in {mid_flight_s:.1f} s; uninstalled and reinstalled in "
+        f"in {mid_flight_s:.1f} s; upgraded and rolled back by the runbook in "
+        f"{runbook_s:.1f} s; uninstalled and reinstalled in "
         f"{time.monotonic() - started:.1f} s"
     )
 
@@ -710,6 +718,33 @@ def upgrade_mid_flight(
     ]
     served_exactly_once(hub, big_repo, "big.gguf", size)
     return big_repo, big_model
+
+
+def upgrade_and_roll_back(stack: LocalStack, namespace: str, *, temporal_address: str) -> None:
+    """docs/runbooks/upgrade-and-rollback.md's blocks against this release."""
+    before = pod_of(stack, namespace, "worker")["metadata"]["annotations"]
+    mark = uuid.uuid4().hex[:8]
+    env = {"RELEASE": RELEASE, "NS": namespace, "SERVED_NS": namespace, "CHART": str(CHART)}
+    flags = f"--set-string worker.podAnnotations.upgraded={mark}"
+    said = run_runbook(
+        stack, RUNBOOKS["upgrade"], "upgrade", {**env, "UPGRADE_FLAGS": flags},
+        temporal_address=temporal_address,
+    )  # fmt: skip
+    assert "chart-model" in said and "condition met" in said, said
+    upgraded = pod_of(stack, namespace, "worker")["metadata"]["annotations"]
+    assert upgraded.get("upgraded") == mark, "the upgrade rolled the worker"
+
+    said = run_runbook(
+        stack, RUNBOOKS["upgrade"], "rollback", env, temporal_address=temporal_address
+    )
+    assert '"status":"deployed"' in said and "Rollback to" in said, said
+
+    def rolled_back() -> dict[str, Any] | None:
+        annotations: dict[str, Any] = pod_of(stack, namespace, "worker")["metadata"]["annotations"]
+        return annotations if "upgraded" not in annotations else None
+
+    restored = eventually(rolled_back, timeout=120, what="the rolled-back worker", interval=0.5)
+    assert restored.get("rolled") == before.get("rolled"), "the earlier values are back"
 
 
 def workflow_execution(stack: LocalStack, address: str, workflow_id: str) -> tuple[str, str]:

@@ -18,6 +18,7 @@ from kama.serving_plan import LLAMA_PORT
 from kamadev.realnode.node import RealNode
 from kamadev.stack import LocalStack
 from tests.conftest import GatewayProcess
+from tests.integration.runbook_shell import RUNBOOKS, run_runbook
 from tests.integration.test_gateway import client
 from tests.integration.test_serving_plane import (
     deployment,
@@ -87,6 +88,12 @@ def test_a_lost_nodes_replica_is_replaced_and_no_longer_routed(
 
     eventually(replaced, timeout=LOSS_TIMEOUT, what="the lost replica replaced on another node")
     wait_ready(control, namespace, "roaming", 2)
+    # the model-serving runbook's checks for a lost node, as written
+    said = run_runbook(
+        control.stack, RUNBOOKS["serving"], "lost-node", {"NS": namespace, "NAME": "roaming"}
+    )
+    assert re.search(rf"^{re.escape(victim_node)}\s+NotReady", said, re.M), said
+    assert victim_pod["metadata"]["name"] not in said and "2/2" in said, said
     # the lost pod's llama-server still answers (only its kubelet died) ...
     served = prompt_tokens_served(victim_pod)
     api = client(gateway)

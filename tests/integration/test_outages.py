@@ -9,6 +9,7 @@ after Temporal returns."""
 from __future__ import annotations
 
 import concurrent.futures
+import re
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import httpx
 import pytest
 
 from tests.conftest import GatewayProcess
+from tests.integration.runbook_shell import RUNBOOKS, run_runbook
 from tests.integration.test_serving_plane import (
     SERVE_TIMEOUT,
     deployment,
@@ -74,6 +76,11 @@ def test_scale_create_delete_and_routing_survive_a_control_plane_restart(
 
     stack.cluster.restart(component, down_for=5)
     processes_alive(gw)
+    # the outages runbook's checks once the API server is back, as written
+    said = run_runbook(
+        stack, RUNBOOKS["outages"], "apiserver-back", {"NS": namespace, "GATEWAY_OPS": gw.ops_url}
+    )
+    assert said.startswith("ok") and "steady" in said, said
 
     # scale: the watcher still sees spec changes
     kubectl(stack, "scale", "modeldeployment", "steady", "-n", namespace, "--replicas=2")
@@ -138,11 +145,12 @@ def cold_model(gw: GatewayProcess, namespace: str, tmp_path: Path, name: str, se
 def test_a_cold_start_during_a_temporal_outage_is_answered_once_temporal_returns(
     gateway: GatewayProcess, namespace: str, tmp_path: Path, outage: str
 ) -> None:
-    gw = gateway
-    temporal = gw.control.stack.temporal_server
+    gw, stack = gateway, gateway.control.stack
+    temporal = stack.temporal_server
     model = cold_model(
         gw, namespace, tmp_path, f"cold-{outage}", seed=93 if outage == "frozen" else 94
     )
+    env = {"NS": namespace, "NAME": model.split("/")[1], "GATEWAY_OPS": gw.ops_url}
 
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         if outage == "frozen":
@@ -151,7 +159,13 @@ def test_a_cold_start_during_a_temporal_outage_is_answered_once_temporal_returns
             temporal.kill()
         try:
             first = pool.submit(complete, gw, model, timeout=240)
-            time.sleep(20)  # the request arrives and waits while Temporal is away
+            away = time.monotonic()
+            time.sleep(5)  # the request arrives and waits while Temporal is away
+            # the outages runbook's checks while Temporal is away, as written
+            said = run_runbook(stack, RUNBOOKS["outages"], "temporal-down", env)
+            assert "Temporal: no answer" in said, said
+            assert re.search(r"^kama_gateway_queued\{[^}]*\} [1-9]", said, re.M), said
+            time.sleep(max(0.0, 20 - (time.monotonic() - away)))
             assert not first.done(), "answered while Temporal was away?"
         finally:
             if outage == "frozen":
@@ -163,6 +177,8 @@ def test_a_cold_start_during_a_temporal_outage_is_answered_once_temporal_returns
         answered_after = time.monotonic() - returned
     assert response.status_code == 200, response.text
     assert answered_after < ANSWERED_AFTER_RETURN_S, f"answered {answered_after:.0f}s after"
+    said = run_runbook(stack, RUNBOOKS["outages"], "temporal-back", env)
+    assert "SERVING" in said and f"deployment/{namespace}/{model.split('/')[1]}/" in said, said
     assert md(gw.control, namespace, model.split("/")[1])["spec"]["replicas"] == 1
     # and the model keeps answering
     assert complete(gw, model).status_code == 200

@@ -1,62 +1,96 @@
 """The runbooks' commands, run against the situations they describe (docs/runbooks):
 a corrupted cache is found by re-verifying and healed by re-downloading; an import
-refused for a wrong checksum is replaced by one that expects the right digest; a
-deployment that fits nowhere serves once its context is lowered; a deployment whose
-replicas keep failing serves once the setting that broke them is put back. Each
-runbook block runs as an operator's shell would (`bash -euo pipefail`, kubectl and
-the temporal CLI on PATH, KUBECONFIG and TEMPORAL_ADDRESS set)."""
+whose source keeps failing shows its attempts and last failure; an import refused for
+a wrong checksum is replaced by one that expects the right digest; a deployment that
+fits nowhere serves once its context is lowered; a deployment whose replicas keep
+failing serves once the setting that broke them is put back; a team onboarded with a
+namespace, rights, a quota and a key uses its model within its key's limit, and a
+deployment over the quota serves once the quota is raised. Each runbook block runs as
+an operator's shell would (tests/integration/runbook_shell.py). The situations only
+a disruptive or chart test can stage are run there (SITUATIONS_RUN_ELSEWHERE)."""
 
 from __future__ import annotations
 
 import hashlib
-import subprocess
+import re
+import uuid
 from pathlib import Path
 from typing import Any
 
-from kamadev.runbooks import runbook_steps
+from kamadev.hub import Fault
 from tests.conftest import KamaControl
+from tests.integration.runbook_shell import RUNBOOKS, run_runbook
 from tests.integration.test_artifact_plane import (
     cache,
+    cache_dir,
     condition,
     hf_artifact,
     publish_model,
     wait_condition,
 )
 from tests.integration.test_serving_plane import deployment, md, ready_artifact, wait_ready
-from tests.support import apply, eventually, get_json
+from tests.support import apply, eventually, get_json, kubectl
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "runbooks"
-RUNBOOKS = {"artifact": "artifact-recovery.md", "serving": "model-serving.md"}
 SITUATIONS_RUN = {
+    ("artifact-recovery.md", "corrupted-cache"),
     ("artifact-recovery.md", "wrong-checksum"),
     ("model-serving.md", "fit-failed"),
     ("model-serving.md", "runtime-failed"),
+    ("tenant-onboarding.md", "onboard-tenant"),
+    ("tenant-onboarding.md", "check-key"),
+    ("tenant-onboarding.md", "over-quota"),
 }
-"""What this module runs (tests/unit/test_runbook_blocks.py checks it is everything)."""
+"""What the stack tests run (tests/unit/test_runbook_blocks.py checks it is every
+situation of every runbook): this module, and the modules named with theirs below."""
+SITUATIONS_RUN_ELSEWHERE = {
+    ("upgrade-and-rollback.md", "upgrade"): "test_chart.py",
+    ("upgrade-and-rollback.md", "rollback"): "test_chart.py",
+    ("model-serving.md", "lost-node"): "test_node_loss.py",
+    ("outages.md", "temporal-down"): "test_outages.py",
+    ("outages.md", "temporal-back"): "test_outages.py",
+    ("outages.md", "apiserver-back"): "test_outages.py",
+}
 
 
-def run_runbook(
-    control: KamaControl, runbook: str, situation: str, *, timeout: float = 900, **env: str
-) -> str:
-    """Run `situation`'s blocks of `runbook` in order; their output, joined."""
-    steps = runbook_steps((DOCS / runbook).read_text())[situation]
-    stack = control.stack
-    shell_env = {
-        **stack.kubectl_env(),
-        "PATH": f"{stack.binaries.kubectl.parent}:{stack.binaries.temporal.parent}:/usr/bin:/bin",
-        "TEMPORAL_ADDRESS": stack.temporal.address,
-        "HOME": str(stack.workdir),
-        **env,
-    }
-    output = []
-    for step in steps:
-        done = subprocess.run(
-            ["bash", "-euo", "pipefail", "-c", step],
-            env=shell_env, capture_output=True, text=True, timeout=timeout, check=False,
-        )  # fmt: skip
-        assert done.returncode == 0, f"{runbook} {situation} step failed:\n{step}\n{done.stderr}"
-        output.append(done.stdout)
-    return "".join(output)
+def run(control: KamaControl, runbook: str, situation: str, **env: str) -> str:
+    """`run_runbook` on the session stack, with Kama's processes checked alive first."""
+    control.worker.check_alive()
+    return run_runbook(control.stack, RUNBOOKS[runbook], situation, env)
+
+
+def test_artifact_recovery_heals_a_corrupted_cache(
+    kama_control: KamaControl, namespace: str, tmp_path: Path
+) -> None:
+    control = kama_control
+    repo, model, _ = publish_model(control, tmp_path, seed=71)
+    apply(control.stack, cache(namespace), hf_artifact(namespace, "kept", repo, ["tiny.gguf"]))
+    status = wait_condition(control, namespace, "kept", "Ready")["status"]
+    published = cache_dir(control, namespace) / status["servingLocation"]["subPath"]
+    data = bytearray((published / "tiny.gguf").read_bytes())
+    data[-1] ^= 0xFF  # the situation: a bit flipped on the volume
+    (published / "tiny.gguf").write_bytes(bytes(data))
+
+    said = run(control, "artifact", "corrupted-cache", NS=namespace, NAME="kept")
+    assert "tiny.gguf" in said, "the mismatch message names the file"
+    assert (published / "tiny.gguf").read_bytes() == model.read_bytes(), "downloaded again"
+
+
+def test_artifact_recovery_finds_why_an_import_does_not_move(
+    kama_control: KamaControl, namespace: str, tmp_path: Path
+) -> None:
+    control = kama_control
+    repo, model, _ = publish_model(control, tmp_path, seed=76)
+    failing = Fault(status=503, times=1000)  # the situation: the source keeps failing
+    control.hub.inject(repo, "tiny.gguf", failing)
+    apply(control.stack, cache(namespace), hf_artifact(namespace, "stuck", repo, ["tiny.gguf"]))
+    eventually(lambda: failing.times <= 997, timeout=120, what="three failed downloads")
+
+    said = run(control, "artifact", "stuck-import", NS=namespace, NAME="stuck")
+    assert said.startswith("Importing"), said
+    assert re.search(r"attempt [3-9]\d* last failure: .*503", said), said
+    failing.status = None  # the source answers again: the import goes on by itself
+    obj = wait_condition(control, namespace, "stuck", "Ready")
+    assert obj["status"]["files"][0]["sha256"] == hashlib.sha256(model.read_bytes()).hexdigest()
 
 
 def test_artifact_recovery_replaces_a_wrong_checksum(
@@ -70,9 +104,7 @@ def test_artifact_recovery_replaces_a_wrong_checksum(
     wait_condition(control, namespace, "typo", "ChecksumMismatch")
 
     right = hashlib.sha256(model.read_bytes()).hexdigest()
-    said = run_runbook(
-        control, RUNBOOKS["artifact"], "wrong-checksum", NS=namespace, NAME="typo", SHA256=right
-    )
+    said = run(control, "artifact", "wrong-checksum", NS=namespace, NAME="typo", SHA256=right)
     assert "0" * 64 in said, "the diagnosis shows the digest that was expected"
     obj = get_json(control.stack, "modelartifact", "typo", "-n", namespace)
     assert obj["spec"]["expectedSHA256"] == right
@@ -97,9 +129,7 @@ def test_model_serving_fit_failed_serves_after_asking_for_less(
         return obj if (condition(obj, "FitFailed") or {}).get("status") == "True" else None
 
     eventually(fit_failed, timeout=120, what="greedy FitFailed")
-    said = run_runbook(
-        control, RUNBOOKS["serving"], "fit-failed", NS=namespace, NAME="greedy", CONTEXT="512"
-    )
+    said = run(control, "serving", "fit-failed", NS=namespace, NAME="greedy", CONTEXT="512")
     assert "GiB" in said, "the diagnosis says what was needed"
     wait_ready(control, namespace, "greedy", 1)
 
@@ -124,6 +154,46 @@ def test_model_serving_runtime_failed_serves_after_the_setting_is_put_back(
         return obj if ready.get("reason") == "RuntimeFailed" else None
 
     eventually(runtime_failed, timeout=300, what="broken RuntimeFailed")
-    said = run_runbook(control, RUNBOOKS["serving"], "runtime-failed", NS=namespace, NAME="broken")
+    said = run(control, "serving", "runtime-failed", NS=namespace, NAME="broken")
     assert "RuntimeFailed" in said and "q8_0" in said
     wait_ready(control, namespace, "broken", 1)
+
+
+def test_tenant_onboarding_gives_a_team_a_quota_and_a_key_that_work(
+    kama_control: KamaControl, keyed_gateway: str, tmp_path: Path
+) -> None:
+    control, tenant = kama_control, f"team-{uuid.uuid4().hex[:6]}"
+    try:
+        said = run(control, "tenants", "onboard-tenant",
+            NS=tenant, TEAM_GROUP=f"{tenant}-people", APP="first-app",
+        )  # fmt: skip
+        assert re.search(r"^yes\n^no\n", said, re.M), "the team may create deployments, not pods"
+        key = re.search(r"^kama_[A-Za-z0-9_-]{43}$", said, re.M)
+        assert key, "the runbook shows the minted key once"
+
+        ready_artifact(control, tenant, tmp_path, name="chat", seed=75, shared=True)
+        apply(
+            control.stack, deployment(tenant, "chat", "chat", replicas=1, resources={"cpu": "400m"})
+        )
+        wait_ready(control, tenant, "chat", 1)
+        checked = run(control, "tenants", "check-key",
+            GATEWAY=keyed_gateway, KEY=key.group(0), MODEL="chat",
+        )  # fmt: skip
+        assert f"{tenant}/chat" in checked or '"chat"' in checked, checked
+        assert checked.rstrip().endswith("200 200 200 429"), "the key's limit holds"
+
+        # three replicas of 400m ask for more than the quota's one CPU
+        kubectl(control.stack, "patch", "md", "chat", "-n", tenant, "--type", "merge",
+                "-p", '{"spec":{"replicas":3}}')  # fmt: skip
+
+        def refused() -> dict[str, Any] | None:
+            obj = md(control, tenant, "chat")
+            runtime = condition(obj, "RuntimeReady") or {}
+            return obj if runtime.get("reason") == "Forbidden" else None
+
+        eventually(refused, timeout=180, what="the quota's refusal on the deployment")
+        diagnosed = run(control, "tenants", "over-quota", NS=tenant, NAME="chat")
+        assert "exceeded quota" in diagnosed, diagnosed
+        wait_ready(control, tenant, "chat", 3)
+    finally:
+        kubectl(control.stack, "delete", "namespace", tenant, "--wait=false", check=False)

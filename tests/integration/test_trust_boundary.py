@@ -14,7 +14,6 @@ import json
 import secrets
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
 
@@ -26,9 +25,8 @@ from temporalio.worker import Worker
 
 from kama.serving_plan import ServingPlan
 from kama.serving_pod import ServingTemplate
-from kamadev.processes import free_port, wait_until
 from kamadev.stack import SHELL_IMAGE
-from tests.conftest import KamaControl, _kama_process, fresh_namespace
+from tests.conftest import KamaControl, fresh_namespace
 from tests.integration.forged_task_workflow import ForgedTask, ForgedTaskWorkflow
 from tests.integration.test_real_nodes import logs, python_pod, terminated
 from tests.integration.test_serving_plane import deployment
@@ -209,32 +207,6 @@ async def test_a_forged_importer_task_starts_no_importer(
     assert "forged" in message
     pods = get_json(control.stack, "pods", "-n", namespace, "-l", "kama.dev/operation=x-g1-a1")
     assert pods["items"] == []
-
-
-@pytest.fixture
-def keyed_gateway(kama_control: KamaControl) -> Iterator[str]:
-    """`kama gateway` as the chart runs it by default: every caller needs an API key."""
-    port, ops_port = free_port(), free_port()
-    process = _kama_process(
-        kama_control.stack,
-        "gateway",
-        {**kama_control.env, "KAMA_GATEWAY_AUTH": "apikey"},
-        name=f"gateway-keyed-{uuid.uuid4().hex[:6]}",
-        extra_args=["--host", "127.0.0.1", "--port", str(port), "--ops-port", str(ops_port)],
-    )
-
-    def ready() -> bool:
-        process.check_alive()
-        try:
-            return httpx.get(f"http://127.0.0.1:{ops_port}/readyz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_until(ready, timeout=60, what="the keyed gateway to be ready")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.stop(grace=5)
 
 
 def access_key(control: KamaControl, namespace: str) -> str:
