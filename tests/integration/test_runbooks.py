@@ -34,6 +34,7 @@ from tests.support import apply, eventually, get_json, kubectl
 SITUATIONS_RUN = {
     ("artifact-recovery.md", "corrupted-cache"),
     ("artifact-recovery.md", "wrong-checksum"),
+    ("artifact-recovery.md", "stuck-import"),
     ("model-serving.md", "fit-failed"),
     ("model-serving.md", "runtime-failed"),
     ("tenant-onboarding.md", "onboard-tenant"),
