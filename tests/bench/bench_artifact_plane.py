@@ -1,15 +1,22 @@
 """Benchmarks of the artifact plane (run on demand: `make bench`), each against a
 baseline measured in the same run, results printed and written to bench-results/.
 
-- verify throughput: `hash_file` vs `sha256sum` on the same ≥ 2 GiB file (target ≥ 0.9x)
+- verify throughput: `hash_file` vs `openssl dgst -sha256` (OpenSSL's SHA-256, with
+  the CPU's SHA extensions where it has them; Debian's coreutils `sha256sum` is built
+  without them, so it was a slow baseline) on the same ≥ 2 GiB file, page cache warm
+  for both, alternated (target ≥ 0.95x)
 - import overhead: ImportWorkflow (download + hash + publish through the local Hub)
-  vs a plain download of the same ≥ 1 GiB file (target ≤ 1.1x)
+  vs a plain download of the same ≥ 1 GiB file written back the importer's way (the
+  dirty range handed to the disk every `WRITEBACK_BYTES`, one fsync at the end), so
+  the baseline pays for durability exactly as the import does; alternated, best of
+  two each (target ≤ 1.05x)
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 import uuid
@@ -21,6 +28,7 @@ from huggingface_hub import hf_hub_url
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from activities.hashed_writer import WRITEBACK_BYTES
 from activities.import_payloads import HubSource
 from activities.storage import hash_file
 from kamactl.worker import importer_activities
@@ -48,7 +56,7 @@ def big_file(path: Path, size: int) -> Path:
     return path
 
 
-def test_verify_throughput_vs_sha256sum(tmp_path: Path) -> None:
+def test_verify_throughput_vs_openssl(tmp_path: Path) -> None:
     path = big_file(tmp_path / "big.bin", 2 * GIB)
     subprocess.run(
         ["cat", str(path)], stdout=subprocess.DEVNULL, check=True
@@ -59,8 +67,9 @@ def test_verify_throughput_vs_sha256sum(tmp_path: Path) -> None:
         ours = hash_file(path)
         t1 = time.perf_counter()
         theirs = subprocess.run(
-            ["sha256sum", str(path)], capture_output=True, text=True, check=True
-        ).stdout.split()[0]
+            ["openssl", "dgst", "-sha256", "-r", str(path)],
+            capture_output=True, text=True, check=True,
+        ).stdout.split()[0]  # fmt: skip
         t2 = time.perf_counter()
         assert ours == theirs
         rounds.append((t1 - t0, t2 - t1))
@@ -71,11 +80,37 @@ def test_verify_throughput_vs_sha256sum(tmp_path: Path) -> None:
         {
             "bytes": path.stat().st_size,
             "kama_hash_file_MiB_s": round(path.stat().st_size / kama_s / (1 << 20), 1),
-            "sha256sum_MiB_s": round(path.stat().st_size / base_s / (1 << 20), 1),
-            "ratio_vs_sha256sum": round(base_s / kama_s, 3),
-            "target": ">= 0.9",
+            "openssl_dgst_sha256_MiB_s": round(path.stat().st_size / base_s / (1 << 20), 1),
+            "ratio_vs_openssl": round(base_s / kama_s, 3),
+            "target": ">= 0.95",
         },
     )
+
+
+def plain_download(url: str, target: Path) -> float:
+    """Seconds to download `url` into `target` durably, written back as the importer
+    writes (activities/hashed_writer.py), without hashing; the file is removed."""
+    started = time.perf_counter()
+    with (
+        httpx.Client(timeout=120) as http,
+        http.stream("GET", url) as response,
+        target.open("wb") as out,
+    ):
+        written = written_back = 0
+        for block in response.iter_raw(1 << 20):
+            out.write(block)
+            written += len(block)
+            if written - written_back >= WRITEBACK_BYTES:
+                out.flush()
+                os.posix_fadvise(
+                    out.fileno(), written_back, written - written_back, os.POSIX_FADV_DONTNEED
+                )
+                written_back = written
+        out.flush()
+        os.fsync(out.fileno())  # a download that is not on disk is not done
+    took = time.perf_counter() - started
+    target.unlink()
+    return took
 
 
 async def test_import_vs_download_only(tmp_path: Path, temporal_server: TemporalEndpoints) -> None:
@@ -87,25 +122,9 @@ async def test_import_vs_download_only(tmp_path: Path, temporal_server: Temporal
     try:
         commit = hub.add_repo("acme/big", {"big.gguf": model})
         url = hf_hub_url("acme/big", "big.gguf", revision=commit, endpoint=hub.url)
-        download_s, durable_s = [], []
-        for _ in range(2):
-            t0 = time.perf_counter()
-            with (
-                httpx.Client(timeout=120) as http,
-                http.stream("GET", url) as response,
-                (tmp_path / "plain").open("wb") as out,
-            ):
-                for block in response.iter_raw():
-                    out.write(block)
-                t1 = time.perf_counter()
-                out.flush()
-                os.fsync(out.fileno())  # a download that is not on disk is not done
-            download_s.append(t1 - t0)
-            durable_s.append(time.perf_counter() - t0)
-            (tmp_path / "plain").unlink()
-
         client = await Client.connect(temporal_server.address)
         queue = f"bench-{uuid.uuid4().hex[:6]}"
+        download_s, import_s = [], []
         with httpx.Client(timeout=120) as http, ThreadPoolExecutor(max_workers=4) as pool:
             worker = Worker(
                 client,
@@ -115,32 +134,33 @@ async def test_import_vs_download_only(tmp_path: Path, temporal_server: Temporal
                 activity_executor=pool,
             )
             async with worker:
-                request = ImportInput(
-                    operation_id=f"bench-{uuid.uuid4().hex[:6]}",
-                    source=HubSource(repo="acme/big", revision="main", files=["big.gguf"]),
-                    cache_root=str(tmp_path / "cache"),
-                    importer_task_queue=queue,
-                )
-                t0 = time.perf_counter()
-                result = await client.execute_workflow(
-                    ImportWorkflow.run,
-                    request,
-                    id=f"import/{request.operation_id}",
-                    task_queue=queue,
-                )
-                import_s = time.perf_counter() - t0
-        assert result.artifact.total_size == model.stat().st_size
+                for round_ in range(2):  # alternated: download, import, download, import
+                    download_s.append(plain_download(url, tmp_path / "plain"))
+                    request = ImportInput(
+                        operation_id=f"bench-{uuid.uuid4().hex[:6]}",
+                        source=HubSource(repo="acme/big", revision="main", files=["big.gguf"]),
+                        cache_root=str(tmp_path / f"cache-{round_}"),
+                        importer_task_queue=queue,
+                    )
+                    t0 = time.perf_counter()
+                    result = await client.execute_workflow(
+                        ImportWorkflow.run,
+                        request,
+                        id=f"import/{request.operation_id}",
+                        task_queue=queue,
+                    )
+                    import_s.append(time.perf_counter() - t0)
+                    assert result.artifact.total_size == model.stat().st_size
+                    shutil.rmtree(tmp_path / f"cache-{round_}")
     finally:
         hub.stop()
     record(
         "import_overhead",
         {
             "bytes": model.stat().st_size,
-            "download_to_page_cache_s": round(min(download_s), 2),
-            "download_and_fsync_s": round(min(durable_s), 2),
-            "import_s": round(import_s, 2),
-            "ratio_import_vs_durable_download": round(import_s / min(durable_s), 3),
-            "ratio_import_vs_page_cache_download": round(import_s / min(download_s), 3),
-            "target": "<= 1.1 (vs the durable download)",
+            "download_written_back_s": round(min(download_s), 2),
+            "import_s": round(min(import_s), 2),
+            "ratio_import_vs_download": round(min(import_s) / min(download_s), 3),
+            "target": "<= 1.05",
         },
     )
