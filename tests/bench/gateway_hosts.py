@@ -8,7 +8,10 @@ UPSTREAM_PORT`, with one model, `bench/fast`, whose one replica is the upstream.
 - `granian-asgi` and `uvicorn` (httptools, uvloop): the same inference handler
   behind a plain ASGI adapter, which is what serving it over ASGI would take (the
   request headers as a dict, the body read with receive(), the answer sent as ASGI
-  messages)."""
+  messages);
+- `granian-bare`: the floor of a proxy on granian RSGI: read the body, forward it to
+  the one upstream on the same pooled HTTP/1.1 client, relay the answer chunk by
+  chunk; no routing, keys, limits, metrics, deadlines or error shapes."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from gateway.errors import server_refusal
 from gateway.inference import InferenceRoutes
 from gateway.transport.exchange import Headers, Request
 from gateway.transport.front import MAX_BODY_BYTES
+from gateway.transport.upstream import UpstreamTransport
 from tests.unit.gateway_support import fixed_state
 
 MODEL = "bench/fast"
@@ -97,6 +101,37 @@ class ASGIHotPath:
         await reply.flush()
 
 
+class BareProxy:
+    """granian RSGI + the lean upstream client, and nothing else (`granian-bare`)."""
+
+    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+        self.upstream = (upstream_host, upstream_port)
+        self.client = UpstreamTransport()
+
+    async def __rsgi__(self, scope: Any, proto: Any) -> None:
+        body = await proto()
+        forwarded = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        answer = await self.client.request(
+            host=self.upstream[0], port=self.upstream[1], method=scope.method,
+            target=scope.path, headers=forwarded, body=body,
+            connect_timeout=10, read_timeout=120,
+        )  # fmt: skip
+        try:
+            headers = [
+                (k.decode("latin-1"), v.decode("latin-1"))
+                for k, v in answer.headers
+                if k.lower() not in (b"content-length", b"transfer-encoding", b"connection")
+            ]
+            stream = proto.response_stream(answer.status, headers)
+            async for chunk in answer:
+                await stream.send_bytes(chunk)
+        finally:
+            await answer.aclose()
+
+
 @asynccontextmanager
 async def no_lifespan() -> AsyncIterator[None]:
     yield
@@ -121,6 +156,18 @@ def main(server: str, port: int, upstream_host: str, upstream_port: int) -> None
                 listen=Listen("127.0.0.1", port),
                 ops_listen=Listen("127.0.0.1", port + 1),
             )
+        elif server == "granian-bare":
+            from granian.constants import HTTPModes, Interfaces
+            from granian.server.embed import Server
+
+            await Server(
+                BareProxy(upstream_host, upstream_port),
+                address="127.0.0.1",
+                port=port,
+                interface=Interfaces.RSGI,
+                http=HTTPModes.http1,
+                backlog=2048,
+            ).serve()
         elif server == "granian-asgi":
             from granian.constants import HTTPModes, Interfaces
             from granian.server.embed import Server
