@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from gateway.answer_model import EventStreamRenamer, rename_model
+from gateway.answer_model import EventStreamRenamer, encoded_name, rename_model
 
 NAME = json.dumps("ns/chat").encode()
 
@@ -57,3 +57,13 @@ def test_an_overlong_line_passes_unchanged_within_the_bound() -> None:
     assert out == line  # relayed as it came once it outgrew the bound
     renamer.feed(b'data: {"model":"/m"}')
     assert renamer.close() == b'data: {"model":' + NAME + b"}"
+
+
+def test_brackets_inside_strings_do_not_move_the_key_out_of_place() -> None:
+    name = encoded_name("team/chat")
+    streamed = b'{"choices":[{"delta":{"content":"}]} {[\\"model\\":\\"x\\""}}],"model":"/m.gguf"}'
+    assert rename_model(streamed, name) == streamed.replace(b'"/m.gguf"', name)
+    nested = b'{"a":{"b":"]}","model":"kept"},"c":"{"}'
+    assert rename_model(nested, name) == nested, "a model two objects down is not the answer's"
+    carried = b'{"type":"message_start","message":{"content":"[{","model":"/m.gguf"}}'
+    assert rename_model(carried, name) == carried.replace(b'"/m.gguf"', name)
