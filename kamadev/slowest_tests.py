@@ -2,7 +2,8 @@
 README's test-time section shows, so the numbers there come from a run, not memory.
 
 `python -m kamadev.slowest_tests test-results/junit.xml [N]` prints a Markdown table
-of the N (default 20) slowest tests with their seconds, and the total."""
+of the N (default 20) slowest tests with their seconds, then the time of each lane
+(`kamadev.suite_lanes`) and the total."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import sys
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
+
+from kamadev.suite_lanes import LANE_NAMES, lane_name, suite_lane
 
 
 @dataclass(frozen=True)
@@ -28,10 +31,23 @@ def case_times(xml: str) -> list[CaseTime]:
     return sorted(times, key=lambda t: -t.seconds)
 
 
+def lane_of(case: CaseTime) -> str:
+    path = case.name.split("::", 1)[0]
+    return lane_name(suite_lane(path=path, module=Path(path).stem))
+
+
 def table(times: list[CaseTime], *, top: int = 20) -> str:
     total = sum(t.seconds for t in times)
     lines = ["| # | test | s |", "|---|---|---:|"]
     lines += [f"| {i} | `{t.name}` | {t.seconds:.1f} |" for i, t in enumerate(times[:top], 1)]
+    lanes: dict[str, list[CaseTime]] = {name: [] for name in LANE_NAMES}
+    for case in times:
+        lanes[lane_of(case)].append(case)
+    lines += ["", "| lane | tests | min |", "|---|---:|---:|"]
+    lines += [
+        f"| {name} | {len(cases)} | {sum(c.seconds for c in cases) / 60:.1f} |"
+        for name, cases in lanes.items()
+    ]
     lines.append(f"\n{len(times)} tests, {total / 60:.1f} min in tests")
     return "\n".join(lines)
 

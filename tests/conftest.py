@@ -1,9 +1,10 @@
 """Session fixtures: the local stack (real apiserver, two real nodes, Temporal) is
 started once for all integration tests and torn down at the end; and the suite's lanes
-(`pytest_collection_modifyitems`): pure and workflow tests first, then the stack tests,
-then the modules that need KEDA (built in the background meanwhile, `make pytest`),
-then the disruptive ones (outages, node loss, separate stacks torn down) serially at
-the end, so nothing they break can be blamed on a later test."""
+(`pytest_collection_modifyitems`, by `kamadev.suite_lanes`): pure and workflow tests
+first, then the stack tests, then the modules that need KEDA (built in the background
+meanwhile, `make pytest`), then the disruptive ones (outages, node loss, separate
+stacks torn down) serially at the end, so nothing they break can be blamed on a later
+test."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Final
 
 import httpx
 import pytest
@@ -24,24 +24,8 @@ from kamadev.hub import HubFixture
 from kamadev.keda import LocalKeda
 from kamadev.processes import ManagedProcess, free_port, processes_with_marker, wait_until
 from kamadev.stack import KAMA_IMAGE, KAMA_LLAMA_IMAGE, LocalStack
+from kamadev.suite_lanes import suite_lane
 from tests.support import eventually, kubectl
-
-KEDA_MODULES: Final = frozenset({"test_keda_mode", "test_keda_stack"})
-"""Modules that need KEDA's binaries, whose first build `make pytest` overlaps with the
-earlier lanes (deploy/local/build-keda.sh holds a lock: the fixture waits for it)."""
-DISRUPTIVE_MODULES: Final = ("test_node_loss", "test_outages", "test_teardown")
-"""Modules that stop parts of the session stack or build and tear down stacks of their
-own, in the order they run, last."""
-
-
-def suite_lane(*, path: str, module: str) -> int:
-    """The lane a test module runs in: 0 pure (tests/unit, tests/workflows), 1 stack,
-    2 KEDA, 3 + i the i-th disruptive module."""
-    if module in DISRUPTIVE_MODULES:
-        return 3 + DISRUPTIVE_MODULES.index(module)
-    if module in KEDA_MODULES:
-        return 2
-    return 1 if "/integration/" in path else 0
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -22,3 +22,17 @@ def test_the_slowest_come_first_with_the_total() -> None:
     shown = table(times, top=2)
     assert "| 1 | `tests/integration/test_b.py::test_slow[x]` | 92.2 |" in shown
     assert "test_fast" not in shown and "3 tests, 1.6 min in tests" in shown
+
+
+def test_each_lane_gets_its_time() -> None:
+    xml = XML.replace(
+        "</testsuite>",
+        '<testcase classname="tests.integration.test_outages" name="test_o" time="60"/>'
+        '<testcase classname="tests.integration.test_keda_mode" name="test_k" time="30"/>'
+        "</testsuite>",
+    )
+    shown = table(case_times(xml))
+    assert "| pure | 2 | 0.1 |" in shown
+    assert "| stack | 1 | 1.5 |" in shown
+    assert "| KEDA | 1 | 0.5 |" in shown
+    assert "| disruptive | 1 | 1.0 |" in shown

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from kamadev.binaries import REPO_ROOT
-from tests.conftest import DISRUPTIVE_MODULES, KEDA_MODULES
+from kamadev.suite_lanes import DISRUPTIVE_MODULES, KEDA_MODULES
 
 
 def collected_modules() -> list[str]:
