@@ -199,6 +199,7 @@ class Supervisor:
         self.draining = threading.Event()
         self.child: subprocess.Popen[bytes] | None = None
         self.was_ready = False  # llama-server has loaded (probes no longer wait)
+        self.started_at: float | None = None  # time.monotonic() of llama-server's start
         self.load_log: deque[str] = deque(maxlen=LOAD_LOG_LINES)
 
     def _get(self, path: str) -> tuple[int, Any]:
@@ -218,6 +219,7 @@ class Supervisor:
             model_dir=str(self.models_dir), host=self.host, port=LLAMA_PORT
         )
         log.info("starting llama-server %s", " ".join(args))
+        self.started_at = time.monotonic()
         if not self.plan.n_gpu_layers:
             self.child = subprocess.Popen([self.llama_server, *args])
             return
@@ -308,6 +310,11 @@ class Supervisor:
         deadline = time.monotonic() + wait_s
         while True:
             ok, why = self.ready()
+            if ok and not self.was_ready and self.started_at is not None:
+                # the load time, for whoever reads the pod's log about a slow cold start
+                log.info(
+                    "llama-server ready %.2f s after its start", time.monotonic() - self.started_at
+                )
             if ok:
                 self.was_ready = True
             if ok or self.was_ready or not self.alive() or self.draining.is_set():

@@ -17,8 +17,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
+
+from kamadev.gguf_factory import ModelShape, write_model
 from kamadev.hub import Fault
-from tests.conftest import KamaControl
+from tests.conftest import GatewayProcess, KamaControl
 from tests.integration.runbook_shell import RUNBOOKS, run_runbook
 from tests.integration.test_artifact_plane import (
     cache,
@@ -28,7 +31,13 @@ from tests.integration.test_artifact_plane import (
     publish_model,
     wait_condition,
 )
-from tests.integration.test_serving_plane import deployment, md, ready_artifact, wait_ready
+from tests.integration.test_serving_plane import (
+    deployment,
+    md,
+    ready_artifact,
+    wait_md_condition,
+    wait_ready,
+)
 from tests.support import apply, eventually, get_json, kubectl
 
 SITUATIONS_RUN = {
@@ -37,6 +46,8 @@ SITUATIONS_RUN = {
     ("artifact-recovery.md", "stuck-import"),
     ("model-serving.md", "fit-failed"),
     ("model-serving.md", "runtime-failed"),
+    ("model-serving.md", "oom-killed"),
+    ("model-serving.md", "slow-cold-start"),
     ("tenant-onboarding.md", "onboard-tenant"),
     ("tenant-onboarding.md", "check-key"),
     ("tenant-onboarding.md", "over-quota"),
@@ -158,6 +169,66 @@ def test_model_serving_runtime_failed_serves_after_the_setting_is_put_back(
     said = run(control, "serving", "runtime-failed", NS=namespace, NAME="broken")
     assert "RuntimeFailed" in said and "q8_0" in said
     wait_ready(control, namespace, "broken", 1)
+
+
+def test_model_serving_oom_killed_serves_once_given_the_estimate(
+    kama_control: KamaControl, namespace: str, tmp_path: Path
+) -> None:
+    control = kama_control
+    # 128k tokens of f16 KV, 2 KiB each: 256 MiB, which a 160 MiB limit cannot hold
+    shape = ModelShape(n_layer=2, n_embd=256, n_head=4, n_head_kv=4, n_ctx=1 << 17, seed=77)
+    repo = f"acme/long-{uuid.uuid4().hex[:6]}"
+    control.hub.add_repo(repo, {"long.gguf": write_model(tmp_path / "long.gguf", shape=shape)})
+    apply(control.stack, cache(namespace), hf_artifact(namespace, "long", repo, ["long.gguf"]))
+    wait_condition(control, namespace, "long", "Ready")
+    apply(
+        control.stack,
+        deployment(
+            namespace, "squeezed", "long", replicas=1,
+            runtime={"contextSize": 1 << 17},
+            resources={"cpu": "100m", "memory": "96Mi", "memoryLimit": "160Mi"},
+        ),
+    )  # fmt: skip
+
+    def runtime_failed() -> dict[str, Any] | None:
+        obj = md(control, namespace, "squeezed")
+        ready = condition(obj, "RuntimeReady") or {}
+        return obj if ready.get("reason") == "RuntimeFailed" else None
+
+    eventually(runtime_failed, timeout=300, what="squeezed RuntimeFailed")
+    said = run(control, "serving", "oom-killed", NS=namespace, NAME="squeezed")
+    assert "OOMKilled" in said and "160Mi" in said, said
+    estimated = int(re.search(r"estimated RAM bytes: (\d+)", said).group(1))  # type: ignore[union-attr]
+    assert estimated > 256 << 20, "the estimate counts the KV cache the limit could not hold"
+    wait_ready(control, namespace, "squeezed", 1)
+
+
+def test_model_serving_a_cold_start_is_broken_down(
+    gateway: GatewayProcess, namespace: str, tmp_path: Path
+) -> None:
+    control = gateway.control
+    ready_artifact(control, namespace, tmp_path, name="sleepy", seed=78)
+    apply(
+        control.stack,
+        deployment(
+            namespace, "sleepy", "sleepy", resources={"cpu": "100m"},
+            runtime={"contextSize": 512}, scaling={"idleTimeout": "1h"},
+        ),
+    )  # fmt: skip
+    wait_md_condition(control, namespace, "sleepy", "ScaledToZero")
+    chat = {"model": f"{namespace}/sleepy", "messages": [{"role": "user", "content": "hi"}]}
+
+    def answered() -> bool:
+        return (
+            httpx.post(f"{gateway.url}/v1/chat/completions", json=chat, timeout=180).status_code
+            == 200
+        )
+
+    eventually(answered, timeout=240, what="the first request, answered from zero")
+    said = run(control, "serving", "slow-cold-start", NS=namespace, NAME="sleepy")
+    for part in ("last wake: 2", "PodScheduled", "Ready", "starting llama-server"):
+        assert part in said, f"{part!r} missing from the breakdown:\n{said}"
+    assert re.search(r"llama-server ready \d+\.\d+ s after its start", said), said
 
 
 def test_tenant_onboarding_gives_a_team_a_quota_and_a_key_that_work(
