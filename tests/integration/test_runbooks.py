@@ -249,9 +249,9 @@ def test_tenant_onboarding_gives_a_team_a_quota_and_a_key_that_work(
         )
         wait_ready(control, tenant, "chat", 1)
         checked = run(control, "tenants", "check-key",
-            GATEWAY=keyed_gateway, KEY=key.group(0), MODEL="chat",
+            GATEWAY=keyed_gateway, KEY=key.group(0), MODEL=f"{tenant}/chat",
         )  # fmt: skip
-        assert f"{tenant}/chat" in checked or '"chat"' in checked, checked
+        assert f'"id":"{tenant}/chat"' in checked, checked
         assert checked.rstrip().endswith("200 200 200 429"), "the key's limit holds"
 
         # three replicas of 400m ask for more than the quota's one CPU
