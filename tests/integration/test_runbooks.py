@@ -245,7 +245,15 @@ def test_tenant_onboarding_gives_a_team_a_quota_and_a_key_that_work(
 
         ready_artifact(control, tenant, tmp_path, name="chat", seed=75, shared=True)
         apply(
-            control.stack, deployment(tenant, "chat", "chat", replicas=1, resources={"cpu": "400m"})
+            control.stack,
+            deployment(
+                tenant,
+                "chat",
+                "chat",
+                replicas=1,
+                resources={"cpu": "400m"},
+                scaling={"maxReplicas": 3},
+            ),
         )
         wait_ready(control, tenant, "chat", 1)
         checked = run(control, "tenants", "check-key",
