@@ -48,6 +48,7 @@ from kama.planner import Placement, plan_placement
 from kama.serving_plan import ServingPlan
 from kamadev.gguf_factory import ModelShape, write_model
 from kamadev.gpu_nodes import node_object, whole_gpus
+from kamadev.llama_process import stop, wait_healthy
 from kamadev.processes import free_port
 
 CONTEXTS: Final = (2048, 8192, 32768)
@@ -226,13 +227,6 @@ class _Sampler:
         return None, "nvidia-smi gave no reading"
 
 
-def _get(url: str, *, timeout: float = 5.0) -> int:
-    try:
-        return httpx.get(url, timeout=timeout).status_code
-    except httpx.TransportError:
-        return 0
-
-
 def _one_request(url: str, *, vocab: int, context: int) -> None:
     span = max(2, min(vocab, 1000) - 2)
     length = max(8, min(PROMPT_TOKENS, context - GENERATED_TOKENS - 8))
@@ -301,24 +295,13 @@ def measure_one(
         proc = subprocess.Popen([str(server), "-lv", "4", *args], stdout=log, stderr=log, env=env)
         try:
             with _Sampler(pid=proc.pid, gpu=gpu, baseline_mib=baseline) as s:
-                deadline = time.monotonic() + STARTUP_TIMEOUT_S
-                while _get(f"{url}/health") != 200:
-                    if proc.poll() is not None:
-                        raise RuntimeError(f"llama-server exited with {proc.returncode}")
-                    if time.monotonic() > deadline:
-                        raise TimeoutError("llama-server did not become healthy")
-                    time.sleep(0.2)
+                wait_healthy(url=url, process=proc, timeout_s=STARTUP_TIMEOUT_S, poll_s=0.2)
                 _one_request(url, vocab=planned.n_vocab, context=min(context, planned.n_ctx_train))
             measured, note = s.peak
         except Exception as exc:  # any failure is this row's note, the others still run
             note = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc, grace_s=15)
         log.seek(0)
         lines = log.read().decode(errors="replace").splitlines()
     offload = check_offload(lines, n_gpu_layers=plan.n_gpu_layers)

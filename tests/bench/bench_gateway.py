@@ -37,6 +37,7 @@ import httpx
 from gateway.transport.upstream import UpstreamBody, UpstreamTransport
 from kama.serving_plan import LLAMA_PORT, ServingPlan
 from kamadev.binaries import REPO_ROOT
+from kamadev.llama_process import stop, wait_healthy
 from kamadev.processes import free_port
 from kamadev.stack import SHELL_IMAGE
 from tests.conftest import GatewayProcess, KamaControl
@@ -524,24 +525,15 @@ def runtime_started_at(control: KamaControl, namespace: str, pod: dict[str, Any]
 def llama_start_to_healthy(binary: Path, model: Path, plan: ServingPlan) -> float:
     port = free_port()
     args = plan.llama_server_args(model_dir=str(model.parent), host="127.0.0.1", port=port)
-    started = time.perf_counter()
     process = subprocess.Popen(
         [str(binary), *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-        with httpx.Client(timeout=1) as http:
-            while time.perf_counter() - started < 120:
-                assert process.poll() is None, f"llama-server exited {process.returncode}"
-                try:
-                    if http.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                        return time.perf_counter() - started
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.02)
-        raise AssertionError("llama-server did not become healthy in 120s")
+        return wait_healthy(
+            url=f"http://127.0.0.1:{port}", process=process, timeout_s=120, poll_s=0.02
+        )
     finally:
-        process.terminate()
-        process.wait(timeout=30)
+        stop(process, grace_s=30)
 
 
 def test_scale_from_zero_overhead(gateway: GatewayProcess, namespace: str, tmp_path: Path) -> None:

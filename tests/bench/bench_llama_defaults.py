@@ -36,6 +36,7 @@ from kama.serving_defaults import default_prompt_cache_mib, default_threads
 from kama.serving_plan import ServingPlan
 from kamadev.binaries import ensure_binaries
 from kamadev.gguf_factory import ModelShape, write_model
+from kamadev.llama_process import stop, wait_healthy
 from kamadev.processes import free_port
 from tests.support import peak_rss
 
@@ -71,18 +72,10 @@ def llama_server(model: Path, served: ServingPlan) -> Iterator[tuple[str, int]]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+        wait_healthy(url=url, process=proc, timeout_s=60)
         yield url, proc.pid
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop(proc)
 
 
 def stream_tokens_per_s(url: str) -> float:

@@ -12,13 +12,13 @@ from __future__ import annotations
 import re
 import subprocess
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
+from kamadev.llama_process import stop, wait_healthy
 from tests.support import peak_rss
 
 MIB = 1 << 20
@@ -50,20 +50,6 @@ def reported_allocations(log: str) -> dict[str, float]:
         name: round(sum(float(m) for m in pattern.findall(log)), 2)
         for name, pattern in _MIB_LINE.items()
     }
-
-
-def _wait_healthy(*, http: httpx.Client, url: str, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while proc.poll() is None:
-        try:
-            if http.get(f"{url}/health").status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError("llama-server did not become healthy")
-        time.sleep(0.1)
-    raise RuntimeError(f"llama-server exited with {proc.returncode}")
 
 
 def _fill_slots(
@@ -103,7 +89,7 @@ def measure(
         proc = subprocess.Popen([str(server), *args, "-lv", "4"], stdout=log, stderr=log)
         try:
             with httpx.Client(timeout=300) as http:
-                _wait_healthy(http=http, url=url, proc=proc)
+                wait_healthy(url=url, process=proc, timeout_s=STARTUP_TIMEOUT_S)
                 _fill_slots(
                     http=http, url=url, slots=slots, context=context,
                     micro_batch=micro_batch, vocab=vocab,
@@ -113,12 +99,7 @@ def measure(
         except (RuntimeError, TimeoutError, httpx.HTTPError) as exc:
             peak, error = None, f"{type(exc).__name__}: {exc}"[:200]
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc)
         log.seek(0)
         text = log.read().decode(errors="replace")
     if error is not None:
