@@ -178,7 +178,7 @@ def test_the_watcher_finds_a_deployment_by_its_model_or_its_draft() -> None:
 
 
 def adapter_status(
-    generated: Path, tmp_path: Path, *, architecture: str = "llama", kind: str = "adapter"
+    tmp_path: Path, *, architecture: str = "llama", kind: str = "adapter"
 ) -> ModelArtifactStatus:
     lora = write_lora(tmp_path / "l.gguf", shape=ModelShape(n_layer=3, n_head_kv=2))
     status = artifact_status(lora, claimName="kama-cache-adapters")
@@ -198,7 +198,7 @@ def adapter_status(
 
 
 def test_adapters_are_mounted_loaded_unapplied_and_counted(generated: Path, tmp_path: Path) -> None:
-    adapter = adapter_status(generated, tmp_path)
+    adapter = adapter_status(tmp_path)
     spec_adapters = [{"name": "pirate", "artifactRef": "lora-a"}]
     decision = decide(
         artifact_status(generated), adapters={"lora-a": adapter}, spec_adapters=spec_adapters
@@ -226,7 +226,7 @@ def test_adapters_are_mounted_loaded_unapplied_and_counted(generated: Path, tmp_
 def test_an_adapter_for_another_model_is_refused(
     generated: Path, tmp_path: Path, change: dict[str, str], message: str
 ) -> None:
-    adapter = adapter_status(generated, tmp_path, **change)
+    adapter = adapter_status(tmp_path, **change)
     with pytest.raises(ArtifactNotUsable, match=message):
         decide(
             artifact_status(generated),
