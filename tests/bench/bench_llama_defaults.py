@@ -66,7 +66,7 @@ def llama_server(model: Path, served: ServingPlan) -> Iterator[tuple[str, int]]:
     port = free_port()
     args = served.llama_server_args(model_dir=str(model.parent), host="127.0.0.1", port=port)
     proc = subprocess.Popen(
-        [str(ensure_binaries().llama_bin), *args],
+        [str(ensure_binaries().llama_server), *args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
