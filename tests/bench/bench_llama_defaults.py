@@ -109,7 +109,10 @@ def many_conversations(model: Path, *, cache_mib: int | None) -> int:
                 for c in range(CONVERSATIONS):
                     text = " ".join(words[(c + i) % len(words)] for i in range(PROMPT_WORDS))
                     prompt = f"conversation {c}: {text}" + " and" * turn
-                    http.post(f"{url}/completion", json={"prompt": prompt, "n_predict": 4})
+                    answer = http.post(f"{url}/completion", json={"prompt": prompt, "n_predict": 4})
+                    answer.raise_for_status()  # a prompt past the context would count nothing
+                    processed = answer.json()["timings"]["prompt_n"]
+                    assert turn or processed > PROMPT_WORDS, f"a first turn prefilled {processed}"
         return peak_rss(pid)
 
 
