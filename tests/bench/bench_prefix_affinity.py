@@ -84,16 +84,19 @@ class Rounds:
 
     ttft: list[float] = field(default_factory=list)
     requests: int = 0
+    errors: list[str] = field(default_factory=list)  # answers other than a 200 stream
     seconds: float = 0.0
     prefill_tokens: float = 0.0
 
-    def summary(self) -> dict[str, float]:
+    def summary(self) -> dict[str, Any]:
         return {
             "requests": self.requests,
             "requests_per_s": round(self.requests / self.seconds, 3),
             "ttft_mean_ms": round(statistics.fmean(self.ttft) * 1000, 1),
             "ttft_p90_ms": round(percentile(self.ttft, 90) * 1000, 1),
             "prefill_tokens": int(self.prefill_tokens),
+            "errors": len(self.errors),
+            "first_errors": self.errors[:3],
         }
 
 
@@ -144,10 +147,15 @@ def run_round(
                 if fresh_each_turn or not messages:
                     messages = [{"role": "system", "content": prompt_of(number, turn)}]
                 messages.append({"role": "user", "content": f"user {number} turn {turn}: go on"})
-                ttft = ttft_of(client, gw.url, model, messages)
-                with lock:
-                    rounds.ttft.append(ttft)
-                    rounds.requests += 1
+                try:
+                    ttft = ttft_of(client, gw.url, model, messages)
+                except (AssertionError, httpx.HTTPError) as exc:  # counted, not hidden
+                    with lock:
+                        rounds.errors.append(str(exc)[:200])
+                else:
+                    with lock:
+                        rounds.ttft.append(ttft)
+                        rounds.requests += 1
                 messages.append({"role": "assistant", "content": f"reply {turn}"})
                 time.sleep(rng.expovariate(1 / think_s))
 
@@ -252,10 +260,11 @@ def test_prefix_affinity_against_least_load(
     def never_again(tag: str) -> Callable[[int, int], str]:
         return lambda user, turn: system_prompt(f"{tag}-user{user}-turn{turn}")
 
-    sweep: dict[int, dict[str, dict[str, float]]] = {}
+    sweep: dict[int, dict[str, dict[str, Any]]] = {}
     for users in USER_LEVELS:
         done = abba(gw, namespace, names, users=users, prompts=own, think_s=think, seed=users)
         sweep[users] = {strategy: done[strategy].summary() for strategy in STRATEGIES}
+        record("prefix_affinity", {**results, "sweep_so_far": {str(u): sweep[u] for u in sweep}})
     capacity = {
         strategy: max(
             [
