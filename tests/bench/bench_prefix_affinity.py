@@ -271,6 +271,7 @@ def test_prefix_affinity_against_least_load(
                 sweep[u][strategy]["requests_per_s"]
                 for u in USER_LEVELS
                 if sweep[u][strategy]["ttft_p90_ms"] <= limit * 1000
+                and not sweep[u][strategy]["errors"]
             ]
             or [0.0]
         )
