@@ -6,11 +6,12 @@ caller's CA, as they would reach a production frontend."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from kamadev.processes import ManagedProcess, free_port, wait_for_port
+from kamadev.processes import ManagedProcess, free_port, wait_for_port, wait_until
 
 SEARCH_ATTRIBUTES = ("KamaKind", "KamaNamespace", "KamaName")
 
@@ -85,7 +86,7 @@ class TemporalDevServer:
         self._port = port
         wait_for_port(host="127.0.0.1", port=port, timeout=60)
         wait_for_port(host="127.0.0.1", port=ui_port, timeout=60)
-        self.process.check_alive()
+        self._wait_serving()
         plain = f"127.0.0.1:{port}"
         address = plain if self.tls is None else self._start_front(upstream=plain)
         return TemporalEndpoints(
@@ -140,7 +141,22 @@ class TemporalDevServer:
         """Start the killed server again on the same ports and database."""
         self.process = self._running().respawn()
         wait_for_port(host="127.0.0.1", port=self._port, timeout=60)
-        self.process.check_alive()
+        self._wait_serving()
+
+    def _wait_serving(self, *, timeout: float = 60) -> None:
+        """Until the frontend says SERVING: its port opens before it is healthy, and a
+        client that connects in between is refused ("Frontend is not healthy yet")."""
+
+        def serving() -> bool:
+            self._running().check_alive()
+            health = subprocess.run(
+                [str(self.temporal), "operator", "cluster", "health",
+                 "--address", f"127.0.0.1:{self._port}", "--command-timeout", "5s"],
+                capture_output=True, text=True, timeout=30, check=False,
+            )  # fmt: skip
+            return health.returncode == 0 and "SERVING" in health.stdout
+
+        wait_until(serving, timeout=timeout, what="the Temporal frontend to be healthy")
 
     def stop(self) -> None:
         if self.front is not None:
