@@ -3,6 +3,7 @@ does: repo info, revision resolution, file metadata, ranged downloads, errors.""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,9 +52,17 @@ def test_repo_info_metadata_and_download(hub: HubFixture, tmp_path: Path) -> Non
     url = hf_hub_url("acme/tiny", "model.gguf", revision=commit, endpoint=hub.url)
     partial = httpx.get(url, headers={"Range": "bytes=4-9"})
     assert partial.status_code == 206 and partial.content == blob.read_bytes()[4:10]
+
     # the server records a range after its last byte is sent, so the whole download's
-    # record may land after the partial's: which ranges, not their order
-    assert (4, 10) in [(r.start, r.end) for r in hub.served_ranges("acme/tiny", "model.gguf")]
+    # record may land after the partial's, and the partial's after the client has its
+    # bytes: which ranges, not their order, and within a moment
+    def served() -> list[tuple[int, int]]:
+        return [(r.start, r.end) for r in hub.served_ranges("acme/tiny", "model.gguf")]
+
+    deadline = time.monotonic() + 5
+    while (4, 10) not in served() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert (4, 10) in served()
 
 
 def test_errors_map_to_huggingface_hub_exceptions(hub: HubFixture, tmp_path: Path) -> None:
