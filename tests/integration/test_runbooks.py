@@ -70,6 +70,19 @@ def run(control: KamaControl, runbook: str, situation: str, **env: str) -> str:
     return run_runbook(control.stack, RUNBOOKS[runbook], situation, env)
 
 
+def wait_runtime_reason(
+    control: KamaControl, namespace: str, name: str, reason: str, *, timeout: float
+) -> dict[str, Any]:
+    """The ModelDeployment once its `RuntimeReady` condition has `reason`."""
+
+    def reached() -> dict[str, Any] | None:
+        obj = md(control, namespace, name)
+        return obj if (condition(obj, "RuntimeReady") or {}).get("reason") == reason else None
+
+    found: dict[str, Any] = eventually(reached, timeout=timeout, what=f"{name} {reason}")
+    return found
+
+
 def test_artifact_recovery_heals_a_corrupted_cache(
     kama_control: KamaControl, namespace: str, tmp_path: Path
 ) -> None:
@@ -160,12 +173,7 @@ def test_model_serving_runtime_failed_serves_after_the_setting_is_put_back(
         ),
     )  # fmt: skip
 
-    def runtime_failed() -> dict[str, Any] | None:
-        obj = md(control, namespace, "broken")
-        ready = condition(obj, "RuntimeReady") or {}
-        return obj if ready.get("reason") == "RuntimeFailed" else None
-
-    eventually(runtime_failed, timeout=300, what="broken RuntimeFailed")
+    wait_runtime_reason(control, namespace, "broken", "RuntimeFailed", timeout=300)
     said = run(control, "serving", "runtime-failed", NS=namespace, NAME="broken")
     assert "RuntimeFailed" in said and "q8_0" in said
     wait_ready(control, namespace, "broken", 1)
@@ -190,12 +198,7 @@ def test_model_serving_oom_killed_serves_once_given_the_estimate(
         ),
     )  # fmt: skip
 
-    def runtime_failed() -> dict[str, Any] | None:
-        obj = md(control, namespace, "squeezed")
-        ready = condition(obj, "RuntimeReady") or {}
-        return obj if ready.get("reason") == "RuntimeFailed" else None
-
-    eventually(runtime_failed, timeout=300, what="squeezed RuntimeFailed")
+    wait_runtime_reason(control, namespace, "squeezed", "RuntimeFailed", timeout=300)
     said = run(control, "serving", "oom-killed", NS=namespace, NAME="squeezed")
     assert "OOMKilled" in said and "160Mi" in said, said
     estimated = int(re.search(r"estimated RAM bytes: (\d+)", said).group(1))  # type: ignore[union-attr]
@@ -266,12 +269,7 @@ def test_tenant_onboarding_gives_a_team_a_quota_and_a_key_that_work(
         kubectl(control.stack, "patch", "md", "chat", "-n", tenant, "--type", "merge",
                 "-p", '{"spec":{"replicas":3}}')  # fmt: skip
 
-        def refused() -> dict[str, Any] | None:
-            obj = md(control, tenant, "chat")
-            runtime = condition(obj, "RuntimeReady") or {}
-            return obj if runtime.get("reason") == "Forbidden" else None
-
-        eventually(refused, timeout=180, what="the quota's refusal on the deployment")
+        wait_runtime_reason(control, tenant, "chat", "Forbidden", timeout=180)
         diagnosed = run(control, "tenants", "over-quota", NS=tenant, NAME="chat")
         assert "exceeded quota" in diagnosed, diagnosed
         wait_ready(control, tenant, "chat", 3)
