@@ -25,7 +25,7 @@ from kamadev.keda import LocalKeda
 from kamadev.processes import ManagedProcess, free_port, processes_with_marker, wait_until
 from kamadev.stack import KAMA_IMAGE, KAMA_LLAMA_IMAGE, LocalStack
 from kamadev.suite_lanes import suite_lane
-from tests.support import eventually, kubectl
+from tests.support import eventually, exists, kubectl
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -55,10 +55,7 @@ def fresh_namespace(stack: LocalStack, *, prefix: str = "t") -> Iterator[str]:
     name = f"{prefix}-{uuid.uuid4().hex[:8]}"
     kubectl(stack, "create", "namespace", name)
     eventually(
-        lambda: (
-            kubectl(stack, "get", "serviceaccount", "default", "-n", name, check=False).returncode
-            == 0
-        ),
+        lambda: exists(stack, "serviceaccount", "default", "-n", name),
         timeout=30,
         what=f"service account default in {name}",
     )

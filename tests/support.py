@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import yaml
 
 from kamadev.stack import LocalStack
+from tests.kube_reads import get_via_client
 
 T = TypeVar("T")
 
@@ -41,7 +42,23 @@ def apply(stack: LocalStack, *docs: dict[str, Any]) -> None:
 
 
 def get_json(stack: LocalStack, *args: str) -> Any:
+    """`kubectl get <args> -o json`, read through the Python client where it can be
+    (tests/kube_reads.py: no kubectl process per poll), else by kubectl."""
+    found = get_via_client(stack, args)
+    if found is not None:
+        return found
     return json.loads(kubectl(stack, "get", *args, "-o", "json").stdout)
+
+
+def exists(stack: LocalStack, *args: str) -> bool:
+    """Whether `kubectl get <args>` finds what it names (read as get_json reads)."""
+    try:
+        found = get_via_client(stack, args)
+    except AssertionError:
+        return False
+    if found is None:
+        return kubectl(stack, "get", *args, check=False).returncode == 0
+    return True
 
 
 def events_about(stack: LocalStack, namespace: str, name: str) -> str:
@@ -86,7 +103,7 @@ def wait_gone(
 ) -> None:
     """Wait until `kubectl get` no longer finds the object."""
     eventually(
-        lambda: kubectl(stack, "get", kind, name, "-n", namespace, check=False).returncode != 0,
+        lambda: not exists(stack, kind, name, "-n", namespace),
         timeout=timeout,
         what=what,
     )

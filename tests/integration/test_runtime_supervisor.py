@@ -19,7 +19,7 @@ from kamadev.gguf_factory import ModelShape, write_model
 from kamadev.stack import KAMA_LLAMA_IMAGE
 from tests.conftest import KamaControl
 from tests.integration.test_artifact_plane import cache, hf_artifact, wait_condition
-from tests.support import apply, eventually, get_json, kubectl
+from tests.support import apply, eventually, exists, get_json, kubectl
 
 
 def runtime_pod(namespace: str, name: str, *, plan: ServingPlan, sub_path: str) -> dict[str, Any]:
@@ -168,10 +168,7 @@ def test_runtime_serves_checks_and_drains(
         "the in-flight request finished during the drain"
     )
     eventually(
-        lambda: (
-            kubectl(control.stack, "get", "pod", "serve", "-n", namespace, check=False).returncode
-            != 0
-        ),
+        lambda: not exists(control.stack, "pod", "serve", "-n", namespace),
         timeout=60,
         what="the pod to be gone after draining",
     )
