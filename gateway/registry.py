@@ -15,7 +15,9 @@ A replica takes at most `slots` requests from this gateway (see `gateway.routing
 When every replica a request may use is full, or (`PrefixAffinity`) its home replica
 is, `wait_for_slot` queues it in the model's queue, here where routing sees it. A
 request with affinity keys keeps them while it waits, and its home (chosen when it
-arrived): for up to `home_wait_s` it may take a slot on its home only, then any. A
+arrived): for up to `home_wait_s` it may take a slot on its home only, then any. It
+waits for its home only when the home served its conversation or shared prefix last
+(`gateway.served_prefixes`); a prefix never cached there takes any slot at once. A
 freed slot goes to the longest waiting request that may take it: the oldest of those
 waiting for that replica as their home and those that may take any replica. So a
 request gets its home's slot ahead of an older one waiting for another home, but
@@ -49,6 +51,7 @@ from gateway.clock import MONOTONIC, Clock, wait_for_future
 from gateway.deployment_status import cannot_start, not_serving_reason
 from gateway.metrics import GatewayMetrics, RequestSeries
 from gateway.routing import HOME_WAIT_S, choose_endpoint, home_endpoint
+from gateway.served_prefixes import ServedPrefixes
 from kama.api.deployment_choices import DEFAULT_SCALE_DOWN_WINDOW, ServingMode
 from kama.autoscaling import report_period
 from kama.contracts import ObjectRef
@@ -118,6 +121,7 @@ class Model:
     created: int = 0
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     slot_waiters: deque[SlotWaiter] = field(default_factory=deque)  # every replica full
+    served_prefixes: ServedPrefixes = field(default_factory=ServedPrefixes)  # PrefixAffinity
 
     @property
     def key(self) -> str:
@@ -381,13 +385,32 @@ class ModelRegistry:
             exclude=exclude,
             now=now,
             affinity=affinity,
-            wait_for_home=wait_for_home and self.home_wait_s > 0,
+            wait_for_home=wait_for_home
+            and self._home_worth_waiting_for(model, exclude=exclude, now=now, affinity=affinity)
+            is not None,
         )
         if endpoint is None:
             return None
-        return self._lease(model, endpoint, route=route)
+        return self._lease(model, endpoint, route=route, affinity=affinity)
 
-    def _lease(self, model: Model, endpoint: Endpoint, *, route: str) -> Lease:
+    def _home_worth_waiting_for(
+        self, model: Model, *, exclude: Collection[str], now: float, affinity: Affinity | None
+    ) -> Endpoint | None:
+        """The request's home (`gateway.routing`), when a home wait is configured and
+        the home served its conversation or shared prefix last (`ServedPrefixes`):
+        a prefix not cached there gains nothing from waiting."""
+        if affinity is None or self.home_wait_s <= 0:
+            return None
+        home = home_endpoint(model.endpoints.values(), exclude=exclude, now=now, affinity=affinity)
+        if home is None or not model.served_prefixes.served_on(affinity, home.pod):
+            return None
+        return home
+
+    def _lease(
+        self, model: Model, endpoint: Endpoint, *, route: str, affinity: Affinity | None
+    ) -> Lease:
+        if affinity is not None:
+            model.served_prefixes.record(affinity, endpoint.pod)
         series = self.metrics.series(model=model.key, route=route, pod=endpoint.pod)
         endpoint.in_flight += 1
         endpoint.served += 1
@@ -413,14 +436,13 @@ class ModelRegistry:
         """A lease on the first replica (not in `exclude`) with a free slot, in the
         order the module's docstring gives; None once no such replica is left to try.
         With `affinity`, up to `home_wait_s` for a slot on its home (chosen now, among
-        every replica it may use, full or not), then on any."""
+        every replica it may use, full or not) if the home served its prefix last,
+        then on any."""
         if not self.can_wait(model, exclude=exclude):
             return None
-        home = None
-        if affinity is not None and self.home_wait_s > 0:
-            home = home_endpoint(
-                model.endpoints.values(), exclude=exclude, now=time.monotonic(), affinity=affinity
-            )
+        home = self._home_worth_waiting_for(
+            model, exclude=exclude, now=time.monotonic(), affinity=affinity
+        )
         granted: asyncio.Future[Lease | None] = asyncio.get_running_loop().create_future()
         waiter = SlotWaiter(route, exclude, granted, affinity=affinity, home=home)
         if home is not None:
@@ -470,7 +492,9 @@ class ModelRegistry:
         if home is not None:
             if model.endpoints.get(home.pod) is home:
                 free = home.in_flight < home.slots
-                return self._lease(model, home, route=waiter.route) if free else None
+                if not free:
+                    return None
+                return self._lease(model, home, route=waiter.route, affinity=waiter.affinity)
             _end_home_wait(waiter)  # its home left routing: any replica, at once
         return self.acquire(
             model,

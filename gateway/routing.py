@@ -18,9 +18,10 @@ load stays within LOAD_BOUND times the average (counting this request) is the
 request's home (consistent hashing with bounded loads, Mirrokni et al. 2018), so one
 hot prefix spills over instead of queueing on one replica. The home is chosen among
 every routable replica, full or not, a replica's load counting the requests waiting
-for it as their home: a full home within the bound is worth a short wait (the
-registry waits up to `HOME_WAIT_S` for a slot there) rather than a prefill of the
-whole prompt elsewhere; after that wait, the request spills to the first replica in
+for it as their home: a full home within the bound that served the request's
+prefix before (`gateway.served_prefixes`) is worth a short wait (the registry waits
+up to `HOME_WAIT_S` for a slot there) rather than a prefill of the whole prompt
+elsewhere; a home that never held it is not; after that wait, the request spills to the first replica in
 the same order with a free slot (again within the bound among those)."""
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """PrefixAffinity requests and their home replica when it is full: the home is chosen
 among every replica, full or not; a request waits for a slot there up to the home
-wait, then takes any; a queued request keeps its keys and gets its home's freed slot
+wait, then takes any, but only when the home served its prefix before (a prefix never
+cached there takes a free slot at once, and after a spill the replica it spilled to
+holds it); a queued request keeps its keys and gets its home's freed slot
 ahead of an older request waiting for another home, but not once that one's home wait
 is over; a home busier than the load bound is not waited for; requests without
 affinity queue as before. Time is a `ManualClock`: nothing sleeps."""
@@ -49,6 +51,14 @@ def homed_at(model: Model, name: str, *, skip: int = 0) -> Affinity:
     raise AssertionError(f"no key ranks {name} first")
 
 
+def cached_at(model: Model, name: str, *, skip: int = 0) -> Affinity:
+    """The keys of a tenant homed at `name` whose prefix `name` served before, so its
+    prompt cache may hold it: a home worth waiting for."""
+    key = homed_at(model, name, skip=skip)
+    model.served_prefixes.record(key, name)
+    return key
+
+
 def take(registry: ModelRegistry, model: Model, pod_name: str) -> Lease:
     """A request in flight on `pod_name` (a key homed there while it has room)."""
     lease = registry.acquire(
@@ -79,7 +89,7 @@ async def test_a_full_home_is_waited_for_then_the_request_spills() -> None:
     registry, model, clock = affinity_model(slots=2)
     home = [take(registry, model, "p0"), take(registry, model, "p0")]  # p0 full
     elsewhere = take(registry, model, "p1")  # loads 2 and 1: p0 stays within the bound
-    key = homed_at(model, "p0", skip=1)
+    key = cached_at(model, "p0", skip=1)
     # the old router dropped full p0 before ranking and sent this to p1 at once
     assert registry.acquire(model, route="chat", exclude=(), now=0.0, affinity=key) is None
     request = waiting(registry, model, key)
@@ -97,7 +107,7 @@ async def test_a_slot_freed_on_the_home_within_the_wait_goes_to_its_waiter() -> 
     registry, model, clock = affinity_model(slots=2)
     home = [take(registry, model, "p0"), take(registry, model, "p0")]
     elsewhere = take(registry, model, "p1")
-    request = waiting(registry, model, homed_at(model, "p0", skip=1))
+    request = waiting(registry, model, cached_at(model, "p0", skip=1))
     await clock.advance(WAIT / 2)
     home[0].release()
     await clock.settle()
@@ -112,7 +122,7 @@ async def test_a_slot_freed_on_the_home_within_the_wait_goes_to_its_waiter() -> 
 async def test_a_home_busier_than_the_bound_is_not_waited_for() -> None:
     registry, model, _ = affinity_model(slots=2)
     home = [take(registry, model, "p0"), take(registry, model, "p0")]  # p1 idle
-    key = homed_at(model, "p0", skip=1)
+    key = cached_at(model, "p0", skip=1)
     lease = registry.acquire(model, route="chat", exclude=(), now=0.0, affinity=key)
     assert lease is not None and lease.endpoint.pod == "p1"  # 3 > 1.25 x 3/2: spill now
     for done in [*home, lease]:
@@ -123,7 +133,7 @@ async def test_requests_waiting_for_a_home_count_in_its_load() -> None:
     registry, model, clock = affinity_model(slots=2)
     home = [take(registry, model, "p0"), take(registry, model, "p0")]
     elsewhere = take(registry, model, "p1")
-    key = homed_at(model, "p0", skip=1)  # one hot prefix
+    key = cached_at(model, "p0", skip=1)  # one hot prefix
     queued = [waiting(registry, model, key) for _ in range(2)]
     await clock.settle()
     assert not any(q.done() for q in queued) and model.endpoints["p0"].homed == 2
@@ -150,9 +160,9 @@ async def test_requests_waiting_for_a_home_count_in_its_load() -> None:
 async def test_a_queued_request_gets_its_homes_slot_ahead_of_an_older_one_homed_elsewhere() -> None:
     registry, model, clock = affinity_model(slots=1)
     on_p0, on_p1 = take(registry, model, "p0"), take(registry, model, "p1")  # both full
-    older = waiting(registry, model, homed_at(model, "p1", skip=1))
+    older = waiting(registry, model, cached_at(model, "p1", skip=1))
     await clock.advance(WAIT / 4)
-    newer = waiting(registry, model, homed_at(model, "p0", skip=1))
+    newer = waiting(registry, model, cached_at(model, "p0", skip=1))
     await clock.settle()
     on_p0.release()  # p0 frees: the newer request's home, the older one's is p1
     await clock.settle()
@@ -170,9 +180,9 @@ async def test_a_queued_request_gets_its_homes_slot_ahead_of_an_older_one_homed_
 async def test_past_its_home_wait_an_older_request_takes_any_slot_first() -> None:
     registry, model, clock = affinity_model(slots=1)
     on_p0, on_p1 = take(registry, model, "p0"), take(registry, model, "p1")
-    older = waiting(registry, model, homed_at(model, "p1", skip=1))
+    older = waiting(registry, model, cached_at(model, "p1", skip=1))
     await clock.advance(WAIT)  # its home wait is over: it may take any replica now
-    newer = waiting(registry, model, homed_at(model, "p0", skip=1))
+    newer = waiting(registry, model, cached_at(model, "p0", skip=1))
     await clock.settle()
     on_p0.release()
     await clock.settle()
@@ -192,8 +202,8 @@ async def test_past_its_home_wait_an_older_request_takes_any_slot_first() -> Non
 async def test_a_request_that_leaves_during_its_home_wait_leaves_the_queue() -> None:
     registry, model, clock = affinity_model(slots=1)
     on_p0, on_p1 = take(registry, model, "p0"), take(registry, model, "p1")
-    gone = waiting(registry, model, homed_at(model, "p0", skip=1))
-    later = waiting(registry, model, homed_at(model, "p0", skip=2))
+    gone = waiting(registry, model, cached_at(model, "p0", skip=1))
+    later = waiting(registry, model, cached_at(model, "p0", skip=2))
     await clock.settle()
     gone.cancel()  # its client left while it waited for its home
     await clock.settle()
@@ -210,7 +220,7 @@ async def test_a_request_that_leaves_during_its_home_wait_leaves_the_queue() -> 
 async def test_a_home_that_leaves_routing_frees_its_waiters_at_once() -> None:
     registry, model, clock = affinity_model(slots=1, replicas=3)
     on = {name: take(registry, model, name) for name in ("p0", "p1", "p2")}
-    request = waiting(registry, model, homed_at(model, "p0", skip=1))
+    request = waiting(registry, model, cached_at(model, "p0", skip=1))
     await clock.settle()
     on["p2"].release()  # a free slot, not its home's
     await clock.settle()
@@ -248,7 +258,7 @@ async def test_no_home_wait_means_the_old_spill_at_once() -> None:
     registry, model, _ = affinity_model(slots=2, home_wait_s=0)
     home = [take(registry, model, "p0"), take(registry, model, "p0")]
     elsewhere = take(registry, model, "p1")
-    key = homed_at(model, "p0", skip=1)
+    key = cached_at(model, "p0", skip=1)
     lease = registry.acquire(model, route="chat", exclude=(), now=0.0, affinity=key)
     assert lease is not None and lease.endpoint.pod == "p1"
     for done in [*home, elsewhere, lease]:
@@ -261,8 +271,37 @@ async def test_a_request_that_may_not_queue_spills_rather_than_a_429() -> None:
     home = [take(registry, model, "p0"), take(registry, model, "p0")]
     elsewhere = take(registry, model, "p1")
     model.max_queued = 0  # no request of this model may wait for a slot
-    key = homed_at(model, "p0", skip=1)
+    key = cached_at(model, "p0", skip=1)
     lease = await proxy._lease(model, route="chat", tried=set(), size=10, affinity=key)
     assert lease is not None and lease.endpoint.pod == "p1"
     for done in [*home, elsewhere, lease]:
         done.release()
+
+
+async def test_a_prefix_its_home_never_served_takes_a_free_slot_at_once() -> None:
+    registry, model, _ = affinity_model(slots=2)
+    home = [take(registry, model, "p0"), take(registry, model, "p0")]
+    elsewhere = take(registry, model, "p1")  # p0 within the bound, as when it is waited for
+    fresh = homed_at(model, "p0", skip=1)  # homed at p0, never served anywhere
+    lease = registry.acquire(model, route="chat", exclude=(), now=0.0, affinity=fresh)
+    assert lease is not None and lease.endpoint.pod == "p1"  # no wait: nothing cached on p0
+    for done in [*home, elsewhere, lease]:
+        done.release()
+    assert_idle(model)
+
+
+async def test_after_a_spill_its_home_is_not_waited_for_again() -> None:
+    registry, model, clock = affinity_model(slots=2)
+    key = cached_at(model, "p0", skip=1)
+    home = [take(registry, model, "p0"), take(registry, model, "p0")]
+    elsewhere = take(registry, model, "p1")
+    request = waiting(registry, model, key)
+    await clock.advance(WAIT)
+    spilled = await request
+    assert spilled is not None and spilled.endpoint.pod == "p1"  # p1 now holds its prefix
+    spilled.release()
+    again = registry.acquire(model, route="chat", exclude=(), now=0.0, affinity=key)
+    assert again is not None and again.endpoint.pod == "p1"  # at once, not after a wait
+    for done in [*home, elsewhere, again]:
+        done.release()
+    assert_idle(model)

@@ -1,0 +1,40 @@
+"""Which replica last served each recent prefix of a model, so that a PrefixAffinity
+request waits for its full home replica only when the wait can pay: when that replica
+served the request's conversation or shared prefix (system prompt) before, and its
+prompt cache may hold it. A prefix never served there (a new conversation, a system
+prompt never seen, or one last served elsewhere after a spill) would be prefilled in
+full wherever it goes, so it takes a free slot at once, as LeastLoad would.
+
+Per model, an LRU of at most MAX_KEYS affinity digests (16 bytes each, a pod name per
+entry: well under a MiB), whatever clients send."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from gateway.affinity import Affinity
+
+MAX_KEYS = 8192
+
+
+class ServedPrefixes:
+    """The replica (pod name) that last served each of the most recent keys."""
+
+    def __init__(self, *, max_keys: int = MAX_KEYS) -> None:
+        self._pods: OrderedDict[bytes, str] = OrderedDict()
+        self._max_keys = max_keys
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+    def record(self, affinity: Affinity, pod: str) -> None:
+        """`pod` takes a request with these keys: its prompt cache will hold them."""
+        for key in (affinity.prefix, affinity.conversation):
+            self._pods[key] = pod
+            self._pods.move_to_end(key)
+        while len(self._pods) > self._max_keys:
+            self._pods.popitem(last=False)
+
+    def served_on(self, affinity: Affinity, pod: str) -> bool:
+        """Whether `pod` last served the request's conversation or its shared prefix."""
+        return pod in (self._pods.get(affinity.conversation), self._pods.get(affinity.prefix))
