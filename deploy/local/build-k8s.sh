@@ -39,6 +39,11 @@ if all_present; then echo "$BIN"; exit 0; fi
 staging_version="v0${K8S_VERSION#v1}"   # v1.37.2 -> v0.37.2 for the k8s.io/* staging modules
 minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
 
+for sibling in "$CACHE_ROOT"/k8s/*-etcd"$ETCD_VERSION"/bin/etcd; do  # etcd is the same for every Kubernetes
+  [[ ! -x "$BIN/etcd" && -x "$sibling" ]] || continue
+  log "reusing etcd $ETCD_VERSION from $(dirname "$sibling")"
+  cp "$sibling" "$BIN/etcd.tmp" && mv "$BIN/etcd.tmp" "$BIN/etcd"
+done
 if [[ ! -x "$BIN/etcd" ]]; then
   log "building etcd $ETCD_VERSION"
   cd "$OUT/src/etcd"

@@ -68,10 +68,25 @@ exec 9>"$OUT/.build.lock"
 flock 9
 if all_present; then echo "$BIN"; exit 0; fi
 
+# containerd, the CNI plugins and CoreDNS do not depend on the Kubernetes version: a
+# node cache of another Kubernetes version with the same versions of these already has
+# them (`make matrix` builds a second node set)
+reuse_from_sibling() {  # <binary>
+  local sibling
+  for sibling in "$CACHE_ROOT"/node/k8s*-containerd"$CONTAINERD_VERSION"-cni"$CNI_VERSION"-coredns"$COREDNS_VERSION"/bin/"$1"; do
+    [[ -x "$sibling" && "$sibling" != "$BIN/$1" ]] || continue
+    log "reusing $1 from $(dirname "$sibling")"
+    cp "$sibling" "$BIN/$1.tmp" && mv "$BIN/$1.tmp" "$BIN/$1"
+    return 0
+  done
+  return 1
+}
+
 # `go install module/cmd@version` builds a released module exactly as published
 install_tool() {  # <binary> <package@version> [build tags]
   local name="$1" pkg="$2" tags="${3:-}"
   [[ -x "$BIN/$name" ]] && return 0
+  [[ "$name" != crictl ]] && reuse_from_sibling "$name" && return 0
   log "building $name ($pkg)"
   local tmp="$OUT/src/gobin-$name"
   rm -rf "$tmp" && mkdir -p "$tmp"

@@ -4,8 +4,9 @@ measured in the same run, printed and written to bench-results/.
 - added latency: short non-streamed completions and time to first byte of streamed
   ones, through the gateway vs straight to the same llama-server pod, interleaved,
   at concurrency 1, 16 and 64 (targets at concurrency 1: ≤ 1 ms p50, ≤ 5 ms p99 added)
-- throughput at concurrency 64 against a fast upstream served from this process
-  (so the gateway is what is measured): gateway / direct (target ≥ 0.95), the
+- throughput at concurrency 64 against a fast upstream (tests/bench/fast_upstream.py)
+  run inside a pod's network namespace, where its pod IP exists on real nodes (so
+  the gateway is what is measured): gateway / direct (target ≥ 0.95), the
   gateway's CPU time per proxied request, and the same for the least a proxy can do
   (`PROXY_FLOOR`: parse, forward on a pooled connection, write back), which is the
   ceiling of any Python proxy in this setup
@@ -40,6 +41,8 @@ from kamadev.binaries import REPO_ROOT
 from kamadev.llama_process import stop, wait_healthy
 from kamadev.processes import free_port
 from kamadev.stack import SHELL_IMAGE
+from tests.bench.fast_upstream import serve_fast_upstream
+from tests.bench.pod_netns import start_in_pod_netns
 from tests.conftest import GatewayProcess, KamaControl
 from tests.integration.test_serving_plane import (
     deployment,
@@ -57,32 +60,6 @@ FAST_REQUESTS = 3000
 THROUGHPUT_ROUNDS = 5  # interleaved; the median round counts
 LATENCY_REQUESTS = 100  # per round and target: enough samples for a p99 at concurrency 1
 ERRORS: dict[str, list[str]] = {}  # url -> failures seen (reported, not hidden)
-
-FAST_BODY = b'{"choices":[{"text":"ok","index":0}],"object":"text_completion"}'
-FAST_RESPONSE = (
-    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
-    + str(len(FAST_BODY)).encode()
-    + b"\r\n\r\n"
-    + FAST_BODY
-)
-
-
-async def serve_fast_upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """A minimal keep-alive HTTP/1.1 server that answers every request at once."""
-    try:
-        while True:
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n"):
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":")[1])
-            if length:
-                await reader.readexactly(length)
-            writer.write(FAST_RESPONSE)
-            await writer.drain()
-    except (asyncio.IncompleteReadError, ConnectionError):
-        writer.close()
-
 
 PROXY_FLOOR = """
 # The least any HTTP proxy can do per request, in Python on uvloop: parse the request
@@ -406,24 +383,32 @@ def test_gateway_added_latency_and_throughput(
 
     asyncio.run(run())
 
-    # A fast upstream served from this process, so the gateway itself is what is
-    # measured: a pod that only reserves an IP (its readiness probe is this
-    # process's listener on the pod IP), and the model routes to it.
+    # A fast upstream, so the gateway itself is what is measured: a pod that only
+    # holds an IP, and a process of this host answering inside its network namespace
+    # (tests/bench/fast_upstream.py; the pod IP exists only there), which is also what
+    # its readiness probe finds; the model routes to it.
     apply(control.stack, deployment(namespace, "fast", "no-such-artifact"))
     plan = ServingPlan(entrypoint="x", manifest_digest="0" * 64, ctx_total=64, concurrency=64)
     apply(control.stack, fast_upstream_pod(namespace, plan))
-    fast_ip = eventually(
+    fast_pod = eventually(
         lambda: (
-            get_json(control.stack, "pod", "fast-upstream", "-n", namespace)
+            pod
+            if (pod := get_json(control.stack, "pod", "fast-upstream", "-n", namespace))
             .get("status", {})
             .get("podIP")
+            else None
         ),
         timeout=60,
         what="the fast upstream pod's IP",
     )
+    fast_ip = fast_pod["status"]["podIP"]
+    upstream = start_in_pod_netns(
+        fast_pod,
+        [sys.executable, "-m", "tests.bench.fast_upstream", fast_ip, "8080"],
+        listens_on=(fast_ip, 8080),
+    )
 
     async def throughput() -> None:
-        server = await asyncio.start_server(serve_fast_upstream, fast_ip, 8080, backlog=1024)
         client = UpstreamTransport()
         for _ in range(600):
             if await answered(client, url=through, body={"model": f"{namespace}/fast"}):
@@ -440,7 +425,7 @@ def test_gateway_added_latency_and_throughput(
             raise AssertionError("the proxy floor never answered")
         body = {"model": f"{namespace}/fast", "prompt": "x"}
         targets = {  # name -> (url, the process whose CPU time is counted)
-            "direct": (f"http://{fast_ip}:8080/v1/completions", os.getpid()),
+            "direct": (f"http://{fast_ip}:8080/v1/completions", upstream.pid),
             "gateway": (through, gw.process.popen.pid),
             "proxy_floor": (f"http://127.0.0.1:{floor_port}/v1/completions", floor.pid),
         }
@@ -469,11 +454,12 @@ def test_gateway_added_latency_and_throughput(
             "gateway_rps": round(rps["gateway"]),
             "ratio": round(rps["gateway"] / rps["direct"], 3),
             "gateway_cpu_us_per_request": per_request["gateway"],
-            # this process (client + fast upstream) per direct request
-            "client_and_upstream_cpu_us_per_request": per_request["direct"],
-            # the same work costs this process more when an extra hop sits between
-            "client_and_upstream_cpu_us_per_request_through_gateway": own_per_request["gateway"],
-            "client_and_upstream_cpu_us_per_request_through_floor": own_per_request["proxy_floor"],
+            # the fast upstream's own CPU per request (in the direct rounds)
+            "upstream_cpu_us_per_request": per_request["direct"],
+            # the load generator (this process) per request, for each target
+            "client_cpu_us_per_request_direct": own_per_request["direct"],
+            "client_cpu_us_per_request_through_gateway": own_per_request["gateway"],
+            "client_cpu_us_per_request_through_floor": own_per_request["proxy_floor"],
             # the least a proxy can do, on the same upstream: the ceiling of any
             # Python proxy here (the extra hop costs the client and upstream too)
             "proxy_floor_rps": round(rps["proxy_floor"]),
@@ -483,7 +469,6 @@ def test_gateway_added_latency_and_throughput(
             "cores": os.cpu_count(),
         }
         await client.aclose()
-        server.close()
 
     floor_port = free_port()
     floor_app = tmp_path / "proxy_floor.py"
@@ -492,8 +477,9 @@ def test_gateway_added_latency_and_throughput(
     try:
         asyncio.run(throughput())
     finally:
-        floor.terminate()
-        floor.wait(timeout=10)
+        for process in (floor, upstream):
+            process.terminate()
+            process.wait(timeout=10)
     results["errors"] = {
         ("gateway" if url.startswith(gw.url) else "direct"): dict(Counter(kinds))
         for url, kinds in ERRORS.items()

@@ -46,7 +46,8 @@ SHAPE = ModelShape(n_layer=8, n_embd=512, n_head=8, n_head_kv=8, n_ff=1536, n_ct
 STREAM_S = 12.0  # each replica streams for this long
 CONTEXT = 2048
 CONVERSATIONS = 40
-PROMPT_WORDS = 700  # about 1,400 tokens of the generated vocabulary
+PROMPT_TOKENS = 1400  # each conversation's prompt, within the 2,048-token context
+WORDS = ["the", "kama", "model", "llama", "world", "hello", "yes", "no"]
 
 
 def plan(model: Path, *, threads: int | None, cache_mib: int | None) -> ServingPlan:
@@ -100,19 +101,29 @@ def two_replicas(model: Path, *, threads: int | None) -> list[float]:
         return list(pool.map(stream_tokens_per_s, [a, b]))
 
 
+def prompt_words(http: httpx.Client, url: str) -> int:
+    """How many of the prompts' words make about PROMPT_TOKENS tokens of this model's
+    vocabulary (its /tokenize on a sample)."""
+    sample = " ".join(WORDS[i % len(WORDS)] for i in range(200))
+    tokens = len(http.post(f"{url}/tokenize", json={"content": sample}).json()["tokens"])
+    return int(PROMPT_TOKENS * 200 / tokens)
+
+
 def many_conversations(model: Path, *, cache_mib: int | None) -> int:
     """Peak RSS of one replica after CONVERSATIONS two-turn conversations."""
-    words = ["the", "kama", "model", "llama", "world", "hello", "yes", "no"]
     with llama_server(model, plan(model, threads=None, cache_mib=cache_mib)) as (url, pid):
         with httpx.Client(timeout=300) as http:
+            words = prompt_words(http, url)
             for turn in range(2):
                 for c in range(CONVERSATIONS):
-                    text = " ".join(words[(c + i) % len(words)] for i in range(PROMPT_WORDS))
+                    text = " ".join(WORDS[(c + i) % len(WORDS)] for i in range(words))
                     prompt = f"conversation {c}: {text}" + " and" * turn
                     answer = http.post(f"{url}/completion", json={"prompt": prompt, "n_predict": 4})
                     answer.raise_for_status()  # a prompt past the context would count nothing
                     processed = answer.json()["timings"]["prompt_n"]
-                    assert turn or processed > PROMPT_WORDS, f"a first turn prefilled {processed}"
+                    assert turn or processed > PROMPT_TOKENS // 2, (
+                        f"a first turn prefilled {processed}"
+                    )
         return peak_rss(pid)
 
 
