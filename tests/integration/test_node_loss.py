@@ -35,13 +35,18 @@ def node_named(stack: LocalStack, name: str) -> RealNode:
     return next(n for n in stack.nodes.nodes if n.name == name)
 
 
-def prompt_tokens_served(pod: dict[str, Any]) -> float:
-    """llama-server's own count of prompt tokens it processed (its /metrics)."""
+def llama_counter(pod: dict[str, Any], name: str) -> float:
+    """One of llama-server's own counters (its /metrics), e.g. `prompt_tokens_total`."""
     url = f"http://{pod['status']['podIP']}:{LLAMA_PORT}/metrics"
     text = httpx.get(url, headers=serving_headers(pod), timeout=5).text
-    match = re.search(r"^llamacpp:prompt_tokens_total (\S+)$", text, re.MULTILINE)
+    match = re.search(rf"^llamacpp:{name} (\S+)$", text, re.MULTILINE)
     assert match, text
     return float(match.group(1))
+
+
+def prompt_tokens_served(pod: dict[str, Any]) -> float:
+    """llama-server's own count of prompt tokens it processed."""
+    return llama_counter(pod, "prompt_tokens_total")
 
 
 @pytest.fixture
