@@ -385,9 +385,8 @@ class ModelRegistry:
             exclude=exclude,
             now=now,
             affinity=affinity,
-            wait_for_home=wait_for_home
-            and self._home_worth_waiting_for(model, exclude=exclude, now=now, affinity=affinity)
-            is not None,
+            remembered=model.served_prefixes.where(affinity) if affinity else None,
+            wait_for_home=wait_for_home and self.home_wait_s > 0,
         )
         if endpoint is None:
             return None
@@ -401,10 +400,15 @@ class ModelRegistry:
         a prefix not cached there gains nothing from waiting."""
         if affinity is None or self.home_wait_s <= 0:
             return None
-        home = home_endpoint(model.endpoints.values(), exclude=exclude, now=now, affinity=affinity)
-        if home is None or not model.served_prefixes.served_on(affinity, home.pod):
-            return None
-        return home
+        remembered = model.served_prefixes.where(affinity)
+        home = home_endpoint(
+            model.endpoints.values(),
+            exclude=exclude,
+            now=now,
+            affinity=affinity,
+            remembered=remembered,
+        )
+        return home if home is not None and home.pod == remembered else None
 
     def _lease(
         self, model: Model, endpoint: Endpoint, *, route: str, affinity: Affinity | None

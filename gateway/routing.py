@@ -9,9 +9,10 @@ served. Pure; it declares the little it reads of an endpoint, so the registry ca
 call it without an import cycle.
 
 With affinity keys (`PrefixAffinity` routing, `gateway.affinity`), the replicas are
-ranked for the request: first the one its shared prefix (the system prompt) hashes to
-highest, then the others by rendezvous hashing of its conversation with each pod's
-name. So users of one system prompt share a replica and its cached prefix, a
+ranked for the request: first the one that served its conversation or shared prefix
+last (`gateway.served_prefixes`: its prompt cache may hold it), else the one its
+shared prefix (the system prompt) hashes to highest, then the others by rendezvous
+hashing of its conversation with each pod's name. So users of one system prompt share a replica and its cached prefix, a
 conversation that has to leave it goes to the same next replica on every turn, and
 only the keys of a replica that leaves or arrives move. The first in that order whose
 load stays within LOAD_BOUND times the average (counting this request) is the
@@ -19,9 +20,9 @@ request's home (consistent hashing with bounded loads, Mirrokni et al. 2018), so
 hot prefix spills over instead of queueing on one replica. The home is chosen among
 every routable replica, full or not, a replica's load counting the requests waiting
 for it as their home: a full home within the bound that served the request's
-prefix before (`gateway.served_prefixes`) is worth a short wait (the registry waits
-up to `HOME_WAIT_S` for a slot there) rather than a prefill of the whole prompt
-elsewhere; a home that never held it is not; after that wait, the request spills to the first replica in
+prefix last is worth a short wait (the registry waits up to `HOME_WAIT_S` for a slot
+there) rather than a prefill of the whole prompt elsewhere; a home that never held
+it is not; after that wait, the request spills to the first replica in
 the same order with a free slot (again within the bound among those)."""
 
 from __future__ import annotations
@@ -67,17 +68,21 @@ def choose_endpoint(
     exclude: Collection[str],
     now: float,
     affinity: Affinity | None = None,
+    remembered: str | None = None,
     wait_for_home: bool = False,
 ) -> C | None:
     """The replica with a free slot to take the request now, or None. With
     `affinity`: its home if that has a free slot; if the home is full, None when the
-    caller will wait for it (`wait_for_home`), else the first free one in its order."""
+    caller will wait for it (`wait_for_home`) and the home is `remembered` (the
+    replica that served its prefix last, whose cache may hold it), else the first free
+    one in its order."""
     if affinity is not None:
         return _with_affinity(
             list(endpoints),
             exclude=exclude,
             now=now,
             affinity=affinity,
+            remembered=remembered,
             wait_for_home=wait_for_home,
         )
     candidates = [e for e in endpoints if _free(e) and e.pod not in exclude]
@@ -95,48 +100,62 @@ def _with_affinity(
     exclude: Collection[str],
     now: float,
     affinity: Affinity,
+    remembered: str | None,
     wait_for_home: bool,
 ) -> C | None:
     """`choose_endpoint` for a request with affinity keys."""
-    home = home_endpoint(endpoints, exclude=exclude, now=now, affinity=affinity)
+    home = home_endpoint(
+        endpoints, exclude=exclude, now=now, affinity=affinity, remembered=remembered
+    )
     if home is None or _free(home):
         return home
-    if wait_for_home:
+    if wait_for_home and home.pod == remembered:
         return None
     free = [e for e in endpoints if _free(e) and e.pod not in exclude]  # the home is full
     if len(free) < 2:
         return free[0] if free else None
     reachable = [e for e in free if e.unreachable_until <= now] or free
-    return by_affinity(reachable, affinity=affinity)
+    return by_affinity(reachable, affinity=affinity, remembered=remembered)
 
 
 def home_endpoint(
-    endpoints: Iterable[C], *, exclude: Collection[str], now: float, affinity: Affinity
+    endpoints: Iterable[C],
+    *,
+    exclude: Collection[str],
+    now: float,
+    affinity: Affinity,
+    remembered: str | None = None,
 ) -> C | None:
     """The request's home among every routable replica it may use, full or not (those
     that recently timed out a connection only if nothing else is left)."""
     routable = _routable(endpoints, exclude=exclude, now=now)
-    return by_affinity(routable, affinity=affinity) if routable else None
+    if not routable:
+        return None
+    return by_affinity(routable, affinity=affinity, remembered=remembered)
 
 
-def by_affinity(candidates: list[C], *, affinity: Affinity) -> C:
+def by_affinity(candidates: list[C], *, affinity: Affinity, remembered: str | None = None) -> C:
     """The first of `candidates` in the request's order (`ranked`) whose load, with
     this request, stays within LOAD_BOUND times the average. A replica's load counts
     the requests waiting for it as their home: a hot prefix's queue at its home is
     bounded too, and the requests past it spill at once rather than after a wait."""
     total = sum(_load(e) for e in candidates) + 1
     bound = math.ceil(LOAD_BOUND * total / len(candidates))
-    ordered = ranked(candidates, affinity=affinity)
+    ordered = ranked(candidates, affinity=affinity, remembered=remembered)
     for endpoint in ordered:
         if _load(endpoint) + 1 <= bound:
             return endpoint
     return min(ordered, key=lambda e: e.pressure())  # unreachable with bound >= average
 
 
-def ranked(candidates: list[C], *, affinity: Affinity) -> list[C]:
-    """The shared prefix's replica, then the others in the conversation's rendezvous
-    order (with no system prompt both keys are one, and this is plain rendezvous)."""
-    first = max(candidates, key=lambda e: _weight(affinity.prefix, e.pod))
+def ranked(candidates: list[C], *, affinity: Affinity, remembered: str | None = None) -> list[C]:
+    """The replica that served the request's prefix last (`remembered`, when it is a
+    candidate), else the shared prefix's replica; then the others in the
+    conversation's rendezvous order (with no system prompt both keys are one, and this
+    is plain rendezvous)."""
+    first = next((e for e in candidates if e.pod == remembered), None)
+    if first is None:
+        first = max(candidates, key=lambda e: _weight(affinity.prefix, e.pod))
     rest = sorted(
         (e for e in candidates if e is not first),
         key=lambda e: _weight(affinity.conversation, e.pod),

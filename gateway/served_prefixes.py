@@ -1,7 +1,6 @@
 """Which replica last served each recent prefix of a model, so that a PrefixAffinity
-request waits for its full home replica only when the wait can pay: when that replica
-served the request's conversation or shared prefix (system prompt) before, and its
-prompt cache may hold it. A prefix never served there (a new conversation, a system
+request goes where its prompt cache may hold its conversation or shared prefix
+(system prompt), and waits for that replica when it is full: a wait that can pay. A prefix never served there (a new conversation, a system
 prompt never seen, or one last served elsewhere after a spill) would be prefilled in
 full wherever it goes, so it takes a free slot at once, as LeastLoad would.
 
@@ -35,6 +34,7 @@ class ServedPrefixes:
         while len(self._pods) > self._max_keys:
             self._pods.popitem(last=False)
 
-    def served_on(self, affinity: Affinity, pod: str) -> bool:
-        """Whether `pod` last served the request's conversation or its shared prefix."""
-        return pod in (self._pods.get(affinity.conversation), self._pods.get(affinity.prefix))
+    def where(self, affinity: Affinity) -> str | None:
+        """The replica that served the request's conversation last, else the one that
+        served its shared prefix last; None for a prefix not seen (or forgotten)."""
+        return self._pods.get(affinity.conversation) or self._pods.get(affinity.prefix)

@@ -305,3 +305,13 @@ async def test_after_a_spill_its_home_is_not_waited_for_again() -> None:
     for done in [*home, elsewhere, again]:
         done.release()
     assert_idle(model)
+
+
+async def test_a_conversation_goes_back_to_the_replica_that_served_it_not_its_hash() -> None:
+    registry, model, _ = affinity_model(slots=1)
+    key = homed_at(model, "p0")
+    model.served_prefixes.record(key, "p1")  # its last turn spilled to p1: cached there
+    lease = registry.acquire(model, route="chat", exclude=(), now=0.0, affinity=key)
+    assert lease is not None and lease.endpoint.pod == "p1"  # though p0 is free
+    lease.release()
+    assert_idle(model)

@@ -12,20 +12,21 @@ def keys(n: int, *, prefix: bytes = b"") -> Affinity:
     return Affinity(prefix=prefix or b"p%d" % n, conversation=b"c%d" % n)
 
 
-def test_the_conversation_or_its_shared_prefix_was_served_there() -> None:
+def test_the_conversation_else_its_shared_prefix_was_served_there() -> None:
     served = ServedPrefixes()
     served.record(keys(1, prefix=b"tenant"), "p0")
-    assert served.served_on(keys(1, prefix=b"tenant"), "p0")
-    assert served.served_on(keys(2, prefix=b"tenant"), "p0")  # another user, same prompt
-    assert not served.served_on(keys(3), "p0")
-    assert not served.served_on(keys(1, prefix=b"tenant"), "p1")
+    assert served.where(keys(1, prefix=b"tenant")) == "p0"
+    assert served.where(keys(2, prefix=b"tenant")) == "p0"  # another user, same prompt
+    assert served.where(keys(3)) is None
+    served.record(keys(2, prefix=b"tenant"), "p1")  # the tenant's prompt is on p1 now too
+    assert served.where(keys(1, prefix=b"tenant")) == "p0"  # the conversation's own replica
 
 
 def test_the_last_replica_to_serve_a_prefix_holds_it() -> None:
     served = ServedPrefixes()
     served.record(keys(1), "p0")
     served.record(keys(1), "p1")
-    assert served.served_on(keys(1), "p1") and not served.served_on(keys(1), "p0")
+    assert served.where(keys(1)) == "p1"
 
 
 def test_it_forgets_the_least_recent_keys_beyond_its_bound() -> None:
@@ -33,4 +34,4 @@ def test_it_forgets_the_least_recent_keys_beyond_its_bound() -> None:
     for n in range(100):
         served.record(keys(n), "p0")
     assert len(served) == 6
-    assert served.served_on(keys(99), "p0") and not served.served_on(keys(96), "p0")
+    assert served.where(keys(99)) == "p0" and served.where(keys(96)) is None
