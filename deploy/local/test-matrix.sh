@@ -9,7 +9,7 @@ cd "$(dirname "$0")/../.."
 
 # kubernetes, crictl, helm: the oldest claimed, then the pinned (a control row)
 COMBINATIONS=(
-  "v1.30.14 v1.30.1 v4.3.2"
+  "v1.30.14 v1.34.0 v4.3.2"
   "v1.37.2 v1.37.0 v3.17.4"
 )
 mkdir -p test-results
