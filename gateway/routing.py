@@ -12,9 +12,10 @@ With affinity keys (`PrefixAffinity` routing, `gateway.affinity`), the replicas 
 ranked for the request: first the one that served its conversation or shared prefix
 last (`gateway.served_prefixes`: its prompt cache may hold it), else the one its
 shared prefix (the system prompt) hashes to highest, then the others by rendezvous
-hashing of its conversation with each pod's name. So users of one system prompt share a replica and its cached prefix, a
-conversation that has to leave it goes to the same next replica on every turn, and
-only the keys of a replica that leaves or arrives move. The first in that order whose
+hashing of its conversation with each pod's name. So users of one system prompt
+share a replica and its cached prefix, a conversation that has to leave it goes to
+the same next replica on every turn, and only the keys of a replica that leaves or
+arrives move. The first in that order whose
 load stays within LOAD_BOUND times the average (counting this request) is the
 request's home (consistent hashing with bounded loads, Mirrokni et al. 2018), so one
 hot prefix spills over instead of queueing on one replica. The home is chosen among
@@ -22,8 +23,8 @@ every routable replica, full or not, a replica's load counting the requests wait
 for it as their home: a full home within the bound that served the request's
 prefix last is worth a short wait (the registry waits up to `HOME_WAIT_S` for a slot
 there) rather than a prefill of the whole prompt elsewhere; a home that never held
-it is not; after that wait, the request spills to the first replica in
-the same order with a free slot (again within the bound among those)."""
+it is not; after that wait, the request spills to the first replica in the same
+order with a free slot (again within the bound among those)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """Which replica last served each recent prefix of a model, so that a PrefixAffinity
 request goes where its prompt cache may hold its conversation or shared prefix
-(system prompt), and waits for that replica when it is full: a wait that can pay. A prefix never served there (a new conversation, a system
-prompt never seen, or one last served elsewhere after a spill) would be prefilled in
-full wherever it goes, so it takes a free slot at once, as LeastLoad would.
+(system prompt), and waits for that replica when it is full: a wait that can pay. A
+home that never served the prefix (a new conversation, a system prompt never seen, or
+one served elsewhere since a spill) would prefill it in full like any other replica,
+so the request takes a free slot at once, as LeastLoad would.
 
 Per model, an LRU of at most MAX_KEYS affinity digests (16 bytes each, a pod name per
 entry: well under a MiB), whatever clients send."""

@@ -1,7 +1,8 @@
-"""`kubectl get … -o json` for the tests' polling loops, answered through the Python
-client instead of a kubectl process: the stack tests poll the cluster hundreds of
-times a run, and each kubectl start costs about 60 ms of CPU and 170 ms of wall time
-on the two cores that also run the cluster being waited for.
+"""`kubectl get … -o json` answered through the Python client instead of a kubectl
+process, for the tests' existence polls (`tests.support.exists`: the stack tests poll
+the cluster hundreds of times a run, and each kubectl start costs about 60 ms of CPU
+and 170 ms of wall time on the two cores that also run the cluster being waited
+for). `get_json` still runs kubectl (see its docstring).
 
 `get_via_client` understands what the tests ask (resource names, plural, singular,
 short or `plural.group`, comma-separated; names or `kind/name`; `-n`, `-A`, `-l`,

@@ -6,12 +6,12 @@ pod UID its cgroup names). The process stays this host's: its CPU time is read f
 
 from __future__ import annotations
 
-import socket
 import subprocess
 from pathlib import Path
 from typing import Any
 
 from kamadev.binaries import REPO_ROOT
+from kamadev.processes import wait_for_port
 from tests.support import eventually
 
 
@@ -28,14 +28,6 @@ def pod_process(pod: dict[str, Any]) -> int | None:
     return None
 
 
-def accepts(address: tuple[str, int]) -> bool:
-    try:
-        socket.create_connection(address, timeout=1).close()
-    except OSError:
-        return False
-    return True
-
-
 def start_in_pod_netns(
     pod: dict[str, Any] | None, argv: list[str], *, listens_on: tuple[str, int]
 ) -> subprocess.Popen[bytes]:
@@ -45,11 +37,9 @@ def start_in_pod_netns(
         pid = eventually(lambda: pod_process(pod), timeout=60, what="a process of the pod")
         argv = ["nsenter", f"--net=/proc/{pid}/ns/net", *argv]
     process = subprocess.Popen(argv, cwd=REPO_ROOT)
-    eventually(
-        lambda: accepts(listens_on) or process.poll() is not None,
-        timeout=30,
-        what=f"{argv} to listen",
-    )
-    if process.poll() is not None:
-        raise AssertionError(f"{argv} exited {process.returncode}")
+    try:
+        wait_for_port(host=listens_on[0], port=listens_on[1], timeout=30)
+    except TimeoutError:
+        process.kill()
+        raise AssertionError(f"{argv} never listened (exit {process.wait()})") from None
     return process
