@@ -18,13 +18,14 @@ from gateway.errors import ErrorShape, GatewayError
 from kama.api.deployment_choices import ServingMode
 
 GENERATION = frozenset({ServingMode.GENERATION})
+MESSAGES_ROUTE = "messages"  # Anthropic Messages: its stream opens with message_start
 EVERY_MODE = frozenset(ServingMode)
 
 BODY_ROUTES: dict[str, tuple[str, frozenset[ServingMode]]] = {
     "/v1/chat/completions": ("chat", GENERATION),
     "/v1/completions": ("completions", GENERATION),
     "/v1/responses": ("responses", GENERATION),
-    "/v1/messages": ("messages", GENERATION),
+    "/v1/messages": (MESSAGES_ROUTE, GENERATION),
     "/v1/messages/count_tokens": ("count_tokens", GENERATION),
     "/v1/embeddings": ("embeddings", frozenset({ServingMode.EMBEDDING})),
     "/v1/rerank": ("rerank", frozenset({ServingMode.RERANK})),
@@ -39,7 +40,7 @@ NATIVE_ROUTES: dict[str, frozenset[ServingMode]] = {
     "rerank": frozenset({ServingMode.RERANK}),
 }
 """llama-server's native routes (the model in the header or the path) → the modes."""
-ANTHROPIC_ROUTES = frozenset({"messages", "count_tokens"})
+ANTHROPIC_ROUTES = frozenset({MESSAGES_ROUTE, "count_tokens"})
 
 
 @dataclass(frozen=True)

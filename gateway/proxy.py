@@ -19,7 +19,8 @@ a few seconds. Any later failure is the client's 502.
 The answer names the model as the client asked for it (`gateway.answer_model`): a
 JSON answer up to 8 MiB is read whole and sent with its top-level "model" replaced;
 an event stream is relayed as it arrives, each `data:` line renamed (no more than
-one line held back); anything else is relayed as chunks arrive, the replica's
+one line held back), an Anthropic Messages stream opening with `message_start`
+even where llama-server's does not (`gateway.messages_stream`); anything else is relayed as chunks arrive, the replica's
 content-length kept. If the client goes away the front cancels the request and the
 unfinished upstream answer is closed, which is how llama-server learns to stop
 generating. A replica that fails mid-answer: a JSON answer (not sent yet) is a 502,
@@ -50,8 +51,10 @@ from gateway.answer_model import (
     encoded_name,
     rename_model,
 )
+from gateway.api_routes import MESSAGES_ROUTE
 from gateway.errors import ErrorShape, GatewayError
 from gateway.held import DEFAULT_MAX_HELD_BYTES, DEFAULT_MAX_WAITING_REQUESTS, HeldBytes
+from gateway.messages_stream import MessageStreamOpening
 from gateway.metrics import GatewayMetrics
 from gateway.registry import Endpoint, Lease, Model, ModelRegistry
 from gateway.transport.exchange import HeaderLookup, Headers, Reply
@@ -167,6 +170,7 @@ class Proxy:
                     started=started,
                     asked_as=asked_as,
                     errors=errors,
+                    messages=route == MESSAGES_ROUTE,
                 )
                 await relay.to(reply)
                 return
@@ -359,6 +363,7 @@ class Relay:
     started: float
     asked_as: str
     errors: ErrorShape = ErrorShape.OPENAI  # the shape of an error the relay adds
+    messages: bool = False  # an Anthropic Messages answer: a stream opens with message_start
 
     def response_headers(self) -> tuple[Headers, str | None]:
         """The replica's headers to pass on, and its content-length if it sent one."""
@@ -379,6 +384,7 @@ class Relay:
         headers, length = self.response_headers()
         events = _content_type(headers, "text/event-stream")
         renamer = EventStreamRenamer(name=self.asked_as) if events else None
+        opening = MessageStreamOpening(model=self.asked_as) if events and self.messages else None
         try:
             whole = self.upstream.take_whole_body()
             if whole is None and _document(headers, length):
@@ -388,7 +394,7 @@ class Relay:
                 series.ttft.observe(time.monotonic() - self.started)
             if whole is not None:
                 if renamer is not None:
-                    whole = renamer.feed(whole) + renamer.close()
+                    whole = _opened(opening, renamer.feed(whole) + renamer.close(), last=True)
                 elif _content_type(headers, "application/json"):
                     whole = rename_model(whole, encoded_name(self.asked_as))
                 reply.send(self.upstream.status, headers, whole)
@@ -401,10 +407,10 @@ class Relay:
                 if first:
                     series.ttft.observe(time.monotonic() - self.started)
                     first = False
-                piece = chunk if renamer is None else renamer.feed(chunk)
+                piece = chunk if renamer is None else _opened(opening, renamer.feed(chunk))
                 if piece:
                     await reply.write(piece)
-            if renamer is not None and (rest := renamer.close()):
+            if renamer is not None and (rest := _opened(opening, renamer.close(), last=True)):
                 await reply.write(rest)
         except httpx.HTTPError as exc:
             self.metrics.upstream_errors.labels(self.lease.model.key, type(exc).__name__).inc()
@@ -417,7 +423,8 @@ class Relay:
             if not reply.status:  # a JSON answer read whole: nothing sent yet
                 raise self._error(exc) from None
             if renamer is not None:  # what had arrived, then the error as the last event
-                await reply.write(renamer.close() + self._error_event(exc))
+                rest = _opened(opening, renamer.close(), last=True)
+                await reply.write(rest + self._error_event(exc))
         finally:
             await self.upstream.aclose()
             series.duration.observe(time.monotonic() - self.started)
@@ -432,6 +439,15 @@ class Relay:
 
     def _error_event(self, exc: httpx.HTTPError) -> bytes:
         return self._error(exc).event(self.errors)
+
+
+def _opened(opening: MessageStreamOpening | None, piece: bytes, *, last: bool = False) -> bytes:
+    """`piece` of an event stream through a Messages stream's opening, if it has one
+    (`last`: the stream's end, with whatever the opening still held)."""
+    if opening is None:
+        return piece
+    piece = opening.feed(piece)
+    return piece + opening.close() if last else piece
 
 
 def _queue_full(why: str) -> GatewayError:

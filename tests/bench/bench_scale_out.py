@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import statistics
 import threading
 import time
@@ -250,7 +251,9 @@ def plain_trial(stack: LocalStack, namespace: str) -> dict[str, float]:
             time.sleep(1)  # both streams generating
             started = scale_plain(stack, namespace, 2)
             (second,) = pods.wait(new_ready({cold}), timeout=120)
-        out["scale_out"] = pods.seen[second]["ready"] - started
+        marks = pods.seen[second]
+        out["scale_out"] = marks["ready"] - started
+        out |= {f"scale_out_{phase}": marks[phase] - started for phase in ("created", "running")}
         scale_plain(stack, namespace, 0)
         pods.wait(lambda seen: all("deleted" in m for m in seen.values()), timeout=120)
         return out
@@ -275,6 +278,26 @@ def plain_deployment(pod: dict[str, Any]) -> dict[str, Any]:
             "selector": {"matchLabels": {"bench": PLAIN}},
             "template": {"metadata": {"labels": {"bench": PLAIN}}, "spec": spec},
         },
+    }
+
+
+def phase_split(trials: list[dict[str, float]]) -> dict[str, float]:
+    """Median seconds between a scale-out's phases: decision (Kama) or `kubectl
+    scale` (plain) to the pod created, created to Running, Running to Ready."""
+    phases = ("start", "created", "running", "ready")
+    return {
+        f"{a}_to_{b}": round(statistics.median(t[b] - t[a] for t in trials), 3)
+        for a, b in itertools.pairwise(phases)
+    }
+
+
+def plain_phases(trial: dict[str, float]) -> dict[str, float]:
+    """A plain trial's scale-out phases, from `kubectl scale` (0)."""
+    return {
+        "start": 0.0,
+        "created": trial["scale_out_created"],
+        "running": trial["scale_out_running"],
+        "ready": trial["scale_out"],
     }
 
 
@@ -366,6 +389,10 @@ def test_scale_out_and_cold_start_against_a_plain_deployment(
                 "kama_demand_to_scale_decision_s": median([t["scaled"] for t in kama]),
                 "kama_decision_to_ready_s": median([t["ready"] - t["scaled"] for t in kama]),
                 "plain_scale_to_ready_s": plain_out,
+                "split_s": {
+                    "kama": phase_split([{**t, "start": t["scaled"]} for t in kama]),
+                    "plain": phase_split([plain_phases(t) for t in plain]),
+                },
                 "ratio_kama_vs_plain": round(kama_ready / plain_out, 3),
                 "ratio_kama_less_window_vs_plain": round(
                     (kama_ready - SCALE_UP_WINDOW_S) / plain_out, 3

@@ -28,6 +28,7 @@ VARYING = frozenset(
 )
 """Fields that differ between two identical requests (and `model`, renamed)."""
 ANY_ERROR = -1
+MESSAGE_START = "message_start"
 GREEDY = {"temperature": 0, "seed": 7, "cache_prompt": False}
 MESSAGES: Any = [{"role": "user", "content": "Say something about pandas."}]
 """One user turn (typed loosely: it is sent through the OpenAI and Anthropic clients)."""
@@ -106,17 +107,27 @@ class Replica:
         self, path: str, body: dict[str, Any], *, native: bool = False, status: int = 200
     ) -> Any:
         """Send `body` both ways and check the answers are the same, with `status`
-        (ANY_ERROR: whatever error llama-server answers); the gateway's answer."""
+        (ANY_ERROR: whatever error llama-server answers); the gateway's answer. A
+        Messages stream the replica began without `message_start` begins with the
+        gateway's (`gateway.messages_stream`), then the replica's events."""
         straight, through = self.both(path, body, native=native)
         assert straight.status_code == status or (status < 0 and straight.status_code >= 400), (
             path,
             straight.text,
         )
         assert through.status_code == straight.status_code, (path, through.text, straight.text)
-        assert normalized(parsed(through)) == normalized(parsed(straight)), path
-        named = models_named(parsed(through))
+        answer, expected = parsed(through), parsed(straight)
+        if (
+            path == "/v1/messages"
+            and isinstance(expected, list)
+            and expected[0][0] != MESSAGE_START
+        ):
+            opening, *answer = answer  # the gateway's, before the replica's first event
+            assert opening[0] == MESSAGE_START and opening[1]["message"]["model"] == self.model
+        assert normalized(answer) == normalized(expected), path
+        named = models_named(answer)
         assert set(named) <= {self.model}, f"{path} names {named}, not the model asked for"
-        return parsed(through)
+        return answer
 
 
 @pytest.fixture(scope="module")
@@ -215,6 +226,34 @@ def test_the_real_clients_speak_chat_responses_and_messages(generation: Replica)
     assert counted.input_tokens > 0
     with pytest.raises(anthropic.NotFoundError):
         claude.messages.create(model="nowhere/nope", max_tokens=4, messages=MESSAGES)
+
+
+def test_a_messages_stream_opens_with_message_start_even_when_the_replicas_does_not(
+    generation: Replica,
+) -> None:
+    """llama-server sends `message_start` with its first generated token's result, and
+    sends no result for a token that leaves a UTF-8 character unfinished: an answer
+    that begins so (greedy answers to this prompt, on the test model) streams from
+    `content_block_start`, on which the anthropic client's final message fails. The
+    gateway's stream opens with `message_start` all the same."""
+    prompt: Any = [{"role": "user", "content": "Prompt number 1."}]
+    body = {"messages": prompt, "max_tokens": 4, "temperature": 0, "stream": True}
+    straight, _ = generation.both("/v1/messages", body)
+    assert parsed(straight)[0][0] != MESSAGE_START, (
+        "llama-server's own stream now opens with message_start: the gateway's opening "
+        "(gateway.messages_stream) may go"
+    )
+    claude = anthropic.Anthropic(
+        base_url=generation.gw.url, api_key="unused", max_retries=0, timeout=120
+    )
+    with claude.messages.stream(
+        model=generation.model, max_tokens=4, messages=prompt, extra_body={"temperature": 0}
+    ) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert final.model == generation.model and final.role == "assistant"
+    assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 4
+    assert text == "".join(block.text for block in final.content if block.type == "text")
 
 
 def test_embedding_and_rerank_deployments_serve_their_routes_only(
