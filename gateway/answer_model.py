@@ -12,7 +12,10 @@ answer and milliseconds for an embedding, where finding the key costs a few µs.
 key is taken only where it is one: in key position (after `{` or `,`) at depth 1,
 or at depth 2 inside a top-level "response" or "message" object, once string
 literals are set aside, so a "model" inside content, inside another nested object
-or inside another key is left alone. Nothing is buffered beyond one event
+or inside another key is left alone. A stream whose every `"model"` already reads
+`"model":<name>` passes as it is: replicas are started with llama-server's alias set to
+`<namespace>/<name>` (`kama.serving_pod.SERVED_NAME_ENV`), so a client that uses that
+name costs a count of the key per block of events, not a rename. Nothing is buffered beyond one event
 line (`MAX_LINE_BYTES`; a longer line is relayed as it comes, unrenamed), and a
 whole answer only when its declared length is at most `MAX_DOCUMENT_BYTES` (a
 longer one keeps llama-server's name: it is relayed as it arrives)."""
@@ -42,12 +45,23 @@ def encoded_name(name: str) -> bytes:
 def rename_model(document: bytes, name: bytes) -> bytes:
     """`document` (one JSON object) with its "model" string replaced by `name` (a
     JSON string, quotes included): the top-level one, else that of a top-level
-    "response" or "message" object; unchanged if it has neither."""
+    "response" or "message" object; unchanged if it has neither, or if it names `name`
+    already."""
+    if _named_already(document, b'"model":' + name):
+        return document
     for found in _MODEL_FIELD.finditer(document):
         before = document[: found.start()].rstrip()
         if before.endswith((b"{", b",")) and _carries_model(before):
             return document[: found.start()] + b'"model":' + name + document[found.end() :]
     return document
+
+
+def _named_already(data: bytes, named: bytes) -> bool:
+    """Whether every `"model"` in `data` (JSON text: where it is not a key it is the
+    string "model", never part of a longer string, whose quotes are escaped) is the
+    key followed by the name (`named`: `"model":<name>`), or there is none."""
+    keys = data.count(b'"model"')
+    return not keys or keys == data.count(named)
 
 
 def _carries_model(prefix: bytes) -> bool:
@@ -75,6 +89,7 @@ class EventStreamRenamer:
 
     def __init__(self, *, name: str, max_line: int = MAX_LINE_BYTES) -> None:
         self._name = encoded_name(name)
+        self._named = b'"model":' + self._name  # as a replica named by --alias writes it
         self._max_line = max_line
         self._partial = b""
         self._passing = False  # within a line that outgrew max_line: relayed as it is
@@ -103,7 +118,7 @@ class EventStreamRenamer:
         return self._rename_lines(rest) if rest else rest
 
     def _rename_lines(self, block: bytes) -> bytes:
-        if b'"model"' not in block:
+        if _named_already(block, self._named):
             return block
         lines = block.split(b"\n")
         for number, line in enumerate(lines):

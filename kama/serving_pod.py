@@ -42,6 +42,11 @@ GRACE_BEYOND_DRAIN_S: Final = 15
 SERVING_PLAN_ENV: Final = "KAMA_SERVING_PLAN"
 """The serving container's environment variable that carries its ``ServingPlan`` as JSON:
 the runtime reads it, the gateway finds the plan of a pod by it."""
+SERVED_NAME_ENV: Final = "LLAMA_ARG_ALIAS"
+"""llama-server's `--alias`, from the environment it inherits: the name its answers give
+the model (`<namespace>/<deployment>`, the name clients use), instead of its file's. Not
+in the fingerprint: replicas started before it name their file, and the gateway renames
+what they send (`gateway.answer_model`)."""
 FINGERPRINT_CHARS: Final = 10
 MAX_NAME_PREFIX: Final = 40
 # ServingPlan and ServingTemplate fields that did not exist in the first release's
@@ -210,6 +215,7 @@ def serving_pod_manifest(
                 "env": [
                     {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                     {"name": SERVING_PLAN_ENV, "value": plan.to_json()},
+                    {"name": SERVED_NAME_ENV, "value": f"{namespace}/{deployment}"},
                     *_layout_env(template),
                 ],
                 "ports": [

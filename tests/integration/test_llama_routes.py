@@ -228,6 +228,14 @@ def test_the_real_clients_speak_chat_responses_and_messages(generation: Replica)
         claude.messages.create(model="nowhere/nope", max_tokens=4, messages=MESSAGES)
 
 
+def test_a_replica_names_its_model_as_clients_do(generation: Replica) -> None:
+    """llama-server runs with its alias set to `<namespace>/<name>`, so its answers name
+    the model as clients do (and the gateway relays them as they are)."""
+    body = {"messages": MESSAGES, "max_tokens": 2, **GREEDY}
+    straight, through = generation.both("/v1/chat/completions", body)
+    assert straight.json()["model"] == through.json()["model"] == generation.model
+
+
 def test_a_messages_stream_opens_with_message_start_even_when_the_replicas_does_not(
     generation: Replica,
 ) -> None:

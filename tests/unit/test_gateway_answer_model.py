@@ -67,3 +67,19 @@ def test_brackets_inside_strings_do_not_move_the_key_out_of_place() -> None:
     assert rename_model(nested, name) == nested, "a model two objects down is not the answer's"
     carried = b'{"type":"message_start","message":{"content":"[{","model":"/m.gguf"}}'
     assert rename_model(carried, name) == carried.replace(b'"/m.gguf"', name)
+
+
+def test_an_answer_is_left_as_it_is_only_when_every_model_key_names_the_model() -> None:
+    named = b'{"choices":[],"model":"ns/chat","response":{"model":"ns/chat"}}'
+    assert rename_model(named, NAME) == named
+    renamer = EventStreamRenamer(name="ns/chat")
+    assert renamer.feed(b"data: " + named + b"\n\n") == b"data: " + named + b"\n\n"
+    for mixed in (
+        b'{"model":"/m.gguf","x":{"model":"ns/chat"}}',
+        b'{"object":"model","model":"/m.gguf"}',
+        b'{"model" : "/m.gguf","note":{"model":"ns/chat"}}',
+    ):
+        assert json.loads(rename_model(mixed, NAME))["model"] == "ns/chat", mixed
+        renamer = EventStreamRenamer(name="ns/chat")
+        out = renamer.feed(b"data: " + mixed + b"\n")
+        assert json.loads(out[6:])["model"] == "ns/chat", mixed
