@@ -198,6 +198,10 @@ def serving_pod_manifest(
     args = plan.llama_server_args(host="$(POD_IP)", port=LLAMA_PORT)
     spec: dict[str, Any] = {
         "restartPolicy": "Never",  # a crashed replica is replaced by Kama, visibly
+        # the pod's pause process is PID 1, not the runtime: PID 1 ignores a SIGTERM it
+        # has no handler for yet, so a pod deleted in the runtime's first moments would
+        # run on until its grace period ended; any other process dies of it at once
+        "shareProcessNamespace": True,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": int(plan.drain_timeout_s) + GRACE_BEYOND_DRAIN_S,

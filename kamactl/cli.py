@@ -223,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gateway.set_defaults(func=_gateway)
     sub.add_parser(
-        "runtime", help="PID 1 of a serving pod: check the artifact, run llama-server, drain"
+        "runtime", help="a serving pod's process: check the artifact, run llama-server, drain"
     ).set_defaults(func=_runtime)
     version = sub.add_parser(
         "version", help="print Kama's version, commit, Python and Temporal SDK versions"

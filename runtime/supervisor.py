@@ -1,4 +1,5 @@
-"""`kama runtime`: PID 1 of a serving container.
+"""`kama runtime`: the serving container's process (the pod's pause process is PID 1,
+`shareProcessNamespace`, so a SIGTERM before the handlers below are set still ends it).
 
 Before anything runs it checks the mounted artifact against the serving plan's
 manifest digest (the artifact status's `manifestDigest`):

@@ -42,10 +42,11 @@ def apply(stack: LocalStack, *docs: dict[str, Any]) -> None:
 
 
 def get_json(stack: LocalStack, *args: str) -> Any:
-    """`kubectl get <args> -o json`. Still by kubectl: read through the Python client
-    (tests/kube_reads.py) the limited-worker test deleted its ModelDeployment 0.1 s
-    after the first pod appeared, and that pod, given a deletionTimestamp while it
-    started, was never stopped by its kubelet (see the README's test section)."""
+    """`kubectl get <args> -o json`, read through the Python client where it can be
+    (tests/kube_reads.py: no kubectl process per poll), else by kubectl."""
+    found = get_via_client(stack, args)
+    if found is not None:
+        return found
     return json.loads(kubectl(stack, "get", *args, "-o", "json").stdout)
 
 

@@ -1,4 +1,4 @@
-"""`kama runtime` is PID 1 of every serving pod, so what it imports before it starts
+"""`kama runtime` starts every serving pod, so what it imports before it starts
 llama-server is paid on every scale-out and every wake: the command line and the
 supervisor must not pull in the Temporal SDK, the Kubernetes client, pydantic's
 models of the API or the gateway."""
