@@ -176,7 +176,9 @@ BROKEN: list[tuple[str, Callable[[Pod], None], str]] = [
     ("init image", init_container_image, "Kama worker pods may run only the chart's images"),
     ("command", shell_command, "Kama worker pods may not override the image's entrypoint"),
     ("hostNetwork", pod_field(hostNetwork=True), "Kama worker pods may not use the node's"),
-    ("hostPID", pod_field(hostPID=True), "Kama worker pods may not use the node's"),
+    # a pod in the node's PID namespace cannot share its own (the API server's rule)
+    ("hostPID", pod_field(hostPID=True, shareProcessNamespace=False),
+     "Kama worker pods may not use the node's"),
     ("privileged", container_security(privileged=True, allowPrivilegeEscalation=True),
      "Kama worker pods may not run privileged containers"),
     ("capabilities", container_security(capabilities={"add": ["NET_ADMIN"]}),
