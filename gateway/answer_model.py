@@ -13,12 +13,13 @@ key is taken only where it is one: in key position (after `{` or `,`) at depth 1
 or at depth 2 inside a top-level "response" or "message" object, once string
 literals are set aside, so a "model" inside content, inside another nested object
 or inside another key is left alone. A stream whose every `"model"` already reads
-`"model":<name>` passes as it is: replicas are started with llama-server's alias set to
-`<namespace>/<name>` (`kama.serving_pod.SERVED_NAME_ENV`), so a client that uses that
-name costs a count of the key per block of events, not a rename. Nothing is buffered beyond one event
-line (`MAX_LINE_BYTES`; a longer line is relayed as it comes, unrenamed), and a
-whole answer only when its declared length is at most `MAX_DOCUMENT_BYTES` (a
-longer one keeps llama-server's name: it is relayed as it arrives)."""
+`"model":<name>` passes as it is: replicas are started with llama-server's alias set
+to `<namespace>/<name>` (`kama.serving_pod.SERVED_NAME_ENV`), so a client that uses
+that name costs a count of the key per block of events, not a rename. Nothing is
+buffered beyond one event line (`MAX_LINE_BYTES`; a longer line is relayed as it
+comes, unrenamed), and a whole answer only when its declared length is at most
+`MAX_DOCUMENT_BYTES` (a longer one keeps llama-server's name: it is relayed as it
+arrives)."""
 
 from __future__ import annotations
 

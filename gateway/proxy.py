@@ -19,9 +19,9 @@ a few seconds. Any later failure is the client's 502.
 The answer names the model as the client asked for it (`gateway.answer_model`): a
 JSON answer up to 8 MiB is read whole and sent with its top-level "model" replaced;
 an event stream is relayed as it arrives, each `data:` line renamed (no more than
-one line held back), an Anthropic Messages stream opening with `message_start`
-even where llama-server's does not (`gateway.messages_stream`); anything else is relayed as chunks arrive, the replica's
-content-length kept. If the client goes away the front cancels the request and the
+one line held back), an Anthropic Messages stream opening with `message_start` even
+where llama-server's does not (`gateway.messages_stream`); anything else is relayed
+as chunks arrive, the replica's content-length kept. If the client goes away the front cancels the request and the
 unfinished upstream answer is closed, which is how llama-server learns to stop
 generating. A replica that fails mid-answer: a JSON answer (not sent yet) is a 502,
 a longer length-framed answer ends short (the client sees the connection close
