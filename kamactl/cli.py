@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
+import contextlib
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from kama.importer_protocol import TOKEN_ENV
 from kamactl.errors import TemporalSetupError
@@ -285,13 +285,34 @@ def main(argv: list[str] | None = None) -> int:
         code: int = args.func(args)
     except TemporalSetupError as exc:
         print(f"kama {args.command}: {exc}", file=sys.stderr)
-        # the client is in a cycle with the exception: drop it now, not while the
-        # interpreter finalizes (where a TLS client's teardown aborts the process)
-        del exc
-        gc.collect()
         return EX_CONFIG
     return code
 
 
+def run() -> NoReturn:
+    """The `kama` command as a process: `main`, then an exit that skips the
+    interpreter's finalization. The Temporal SDK's Rust threads can call into a
+    finalizing interpreter, which then aborts or segfaults (temporalio/sdk-python#300;
+    here 2 of 100 short client processes), turning a command that did its work into
+    a failure. Output and log handlers are flushed first, so nothing is lost."""
+    try:
+        code = main()
+    except SystemExit as exc:  # argparse, or a setting refused before any work
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    end_process(code=code)
+
+
+def end_process(*, code: int) -> NoReturn:
+    """Flush what the process wrote, then end it with `code`, skipping atexit and
+    finalization (see `run`)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing can reach it
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -169,7 +169,7 @@ def test_the_wheel_ships_only_kama_and_claims_no_foreign_top_level_name() -> Non
     packages = project["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]
     assert sorted(packages) == sorted(INSTALLED)
     assert "localstack" not in packages and "kamadev" not in packages
-    assert project["project"]["scripts"]["kama"] == "kamactl.cli:main"
+    assert project["project"]["scripts"]["kama"] == "kamactl.cli:run"
 
 
 def _is_algorithm(module: str) -> bool:
