@@ -47,11 +47,18 @@ typecheck: deps
 # KEDA (needed only by the KEDA lane, which runs after the stack tests: tests/conftest.py)
 # builds in the background at low priority while the earlier lanes run; its fixture waits
 # for the build's lock. Every run writes its per-test durations (test-results/junit.xml)
-# and prints the slowest 20 (python -m kamadev.slowest_tests test-results/junit.xml)
+# and prints the slowest 20 (python -m kamadev.slowest_tests test-results/junit.xml).
+# The tests run on TEST_WORKERS pytest-xdist workers, a module at a time and in lane
+# order (loadfile, no reordering); each worker that reaches the stack lane starts a
+# stack of its own (its own octet, ports and nodes), so modules on different workers
+# cannot disturb each other. A stack test waits on pods and Temporal about half the
+# time, which the other worker's tests use.
+TEST_WORKERS ?= 2
 pytest: setup
 	@mkdir -p test-results
 	nice -n 10 bash deploy/local/build-keda.sh >test-results/build-keda.log 2>&1 &
-	$(VENV)/pytest -p no:cacheprovider --junitxml=test-results/junit.xml
+	$(VENV)/pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+		--junitxml=test-results/junit.xml
 	$(VENV)/python -m kamadev.slowest_tests test-results/junit.xml
 
 # the pure tests on the newest Python the package supports, and `uv tool install .`
