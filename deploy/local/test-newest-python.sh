@@ -30,5 +30,9 @@ tools="$(mktemp -d)"
 trap 'rm -rf "$tools"' EXIT
 UV_TOOL_DIR="$tools/tools" UV_TOOL_BIN_DIR="$tools/bin" \
   uv tool install --quiet --python "$python" .
-"$tools/bin/kama" version | tee /dev/stderr | grep -q "^python $VERSION\."
+# (not `tee /dev/stderr`: where stderr is a file, tee's open truncates it, the whole
+# `make test` log with it)
+said="$("$tools/bin/kama" version)"
+printf '%s\n' "$said" >&2
+grep -q "^python $VERSION\." <<<"$said"
 log "kama installed with uv tool install runs on Python $VERSION"
