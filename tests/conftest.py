@@ -217,7 +217,7 @@ def gateway(kama_control: KamaControl) -> Iterator[GatewayProcess]:
 
 
 @pytest.fixture
-def keyed_gateway(kama_control: KamaControl) -> Iterator[str]:
+def keyed_gateway(kama_control: KamaControl) -> Iterator[GatewayProcess]:
     """`kama gateway` as the chart runs it by default: every caller needs an API key."""
     port, ops_port = free_port(), free_port()
     process = _kama_process(
@@ -237,7 +237,12 @@ def keyed_gateway(kama_control: KamaControl) -> Iterator[str]:
 
     try:
         wait_until(ready, timeout=60, what="the keyed gateway to be ready")
-        yield f"http://127.0.0.1:{port}"
+        yield GatewayProcess(
+            url=f"http://127.0.0.1:{port}",
+            ops_url=f"http://127.0.0.1:{ops_port}",
+            process=process,
+            control=kama_control,
+        )
     finally:
         process.stop(grace=5)
 

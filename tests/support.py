@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import secrets
 import subprocess
 import time
 from collections.abc import Callable
@@ -35,6 +37,22 @@ def kubectl(
             f"kubectl {' '.join(args)} failed ({result.returncode}): {result.stderr}"
         )
     return result
+
+
+def access_key(stack: LocalStack, namespace: str, *, name: str, **spec: Any) -> str:
+    """A new API key: its ModelAccessKey `name` (with `spec`'s limits) is applied and
+    the key itself returned, as `kama access-key create` does."""
+    key = f"kama_{secrets.token_urlsafe(32)}"
+    apply(
+        stack,
+        {
+            "apiVersion": "kama.dev/v1alpha1",
+            "kind": "ModelAccessKey",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"keySHA256": hashlib.sha256(key.encode()).hexdigest(), **spec},
+        },
+    )
+    return key
 
 
 def apply(stack: LocalStack, *docs: dict[str, Any]) -> None:

@@ -8,7 +8,10 @@ the mode, in the route's API's error shape."""
 
 from __future__ import annotations
 
+import functools
 import json
+import re
+import secrets
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +24,7 @@ from kama.serving_plan import LLAMA_PORT
 from tests.conftest import GatewayProcess, fresh_namespace
 from tests.integration.test_gateway import client, serve
 from tests.integration.test_serving_plane import routable, serving_pods, wait_ready
-from tests.support import serving_headers
+from tests.support import access_key, eventually, serving_headers
 
 VARYING = frozenset(
     {"id", "item_id", "created", "created_at", "completed_at", "timings", "system_fingerprint"}
@@ -262,6 +265,129 @@ def test_a_messages_stream_opens_with_message_start_even_when_the_replicas_does_
     assert final.model == generation.model and final.role == "assistant"
     assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 4
     assert text == "".join(block.text for block in final.content if block.type == "text")
+
+
+def reported_usage(path: str, answer: Any) -> tuple[int, int]:
+    """(prompt, completion) tokens as the answer itself states them, read the way its
+    API's clients read them: Chat's usage (a stream's last chunk), Responses' usage
+    (a stream's `response.completed`), Messages' usage (a stream's `message_start` for
+    the input, its `message_delta` for the output; cached input counted apart)."""
+    if isinstance(answer, list):  # a stream's (event, data) pairs
+        data = [d for _, d in answer if isinstance(d, dict)]
+        if path == "/v1/messages":
+            (start,) = [d["message"]["usage"] for d in data if d["type"] == MESSAGE_START]
+            (delta,) = [d["usage"] for d in data if d["type"] == "message_delta"]
+            prompt = start["input_tokens"] + start.get("cache_read_input_tokens", 0)
+            return prompt, delta["output_tokens"]
+        if path == "/v1/responses":
+            (usage,) = [d["response"]["usage"] for d in data if d["type"] == "response.completed"]
+        else:
+            usage = [d["usage"] for d in data if d.get("usage")][-1]
+    else:
+        usage = answer["usage"]
+    if "prompt_tokens" in usage:
+        return usage["prompt_tokens"], usage["completion_tokens"]
+    return usage["input_tokens"] + usage.get("cache_read_input_tokens", 0), usage["output_tokens"]
+
+
+def key_tokens(gw: GatewayProcess, namespace: str, key: str) -> tuple[float, float]:
+    """The key's prompt and completion token counters, from the gateway's metrics."""
+    text = httpx.get(f"{gw.ops_url}/metrics", timeout=10).text
+    labels = f'{{key="{key}",key_namespace="{namespace}"}}'
+    counts = []
+    for kind in ("prompt", "completion"):
+        found = re.search(
+            rf"^kama_gateway_key_{kind}_tokens_total{re.escape(labels)} (\S+)$", text, re.M
+        )
+        counts.append(float(found[1]) if found else 0.0)
+    return counts[0], counts[1]
+
+
+def tokens_gained(
+    gw: GatewayProcess, namespace: str, key: str, *, before: tuple[float, float]
+) -> tuple[float, float] | None:
+    """What the key's counters gained since `before`, once they did (the gateway counts
+    as the answer ends, which may be just after the client has read it)."""
+    after = key_tokens(gw, namespace, key)
+    gained = (after[0] - before[0], after[1] - before[1])
+    return gained if gained != (0, 0) else None
+
+
+def sent_and_counted(
+    gw: GatewayProcess, namespace: str, key: tuple[str, str], path: str, body: dict[str, Any]
+) -> tuple[httpx.Response, tuple[float, float]]:
+    """Send `body` with the key (`(name, key)`) and what the key's counters gained by it."""
+    name, secret = key
+    before = key_tokens(gw, namespace, name)
+    answer = httpx.post(
+        f"{gw.url}{path}",
+        json=body,
+        headers={"authorization": f"Bearer {secret}"},
+        timeout=120,
+    )
+    assert answer.status_code == 200, (path, answer.text)
+    gained = eventually(
+        functools.partial(tokens_gained, gw, namespace, name, before=before),
+        timeout=10,
+        what=f"{path} ({'streamed' if body.get('stream') else 'whole'}) to be counted",
+    )
+    return answer, gained
+
+
+def test_a_keys_tokens_count_what_every_generation_api_reports(
+    generation: Replica, keyed_gateway: GatewayProcess
+) -> None:
+    """Per-key usage and token budgets count an answer's tokens in its API's own words:
+    Chat's prompt and completion tokens, Responses' and Messages' input and output
+    tokens (Messages stating the cached part of the prompt apart, and a stream its
+    input only in its first event); a Chat stream whose client asked for no usage, by
+    llama-server's timings. Once they counted Chat with usage alone: a key's token
+    budget did not hold on Responses, Messages or a stream without usage."""
+    namespace = generation.model.split("/")[0]
+    name = f"meter-{secrets.token_hex(3)}"
+    key = name, access_key(generation.gw.control.stack, namespace, name=name)
+
+    def known() -> bool:
+        auth = {"authorization": f"Bearer {key[1]}"}
+        return httpx.get(f"{keyed_gateway.url}/v1/models", headers=auth, timeout=10).is_success
+
+    eventually(known, timeout=30, what="the gateway to know the new key")
+    model = {"model": generation.model}
+    chat = {**model, "messages": MESSAGES, "max_tokens": 6, **GREEDY}
+    responses = {**model, "input": "Say something.", "max_output_tokens": 6, **GREEDY}
+    usage_too = {"stream_options": {"include_usage": True}}
+    whole_chat: tuple[int, int] | None = None
+    for path, body in (
+        ("/v1/chat/completions", chat),
+        ("/v1/chat/completions", {**chat, **usage_too, "stream": True}),
+        ("/v1/responses", responses),
+        ("/v1/responses", {**responses, "stream": True}),
+        ("/v1/messages", chat),
+    ):
+        answer, counted = sent_and_counted(keyed_gateway, namespace, key, path, body)
+        reported = reported_usage(path, parsed(answer))
+        assert min(reported) > 0 and counted == reported, (path, body.get("stream"))
+        whole_chat = whole_chat or reported
+
+    # a Chat stream without usage: counted as the same greedy answer whole reports it
+    plain = {**chat, "stream": True}
+    answer, counted = sent_and_counted(keyed_gateway, namespace, key, "/v1/chat/completions", plain)
+    assert '"usage":{' not in answer.text.replace(" ", "") and counted == whole_chat
+
+    # a Messages stream: its input from message_start. Greedy answers of the test model
+    # begin with a byte token, for which llama-server sends no message_start (the
+    # gateway's own states no count), so this samples until llama-server's own opens one
+    for _ in range(5):
+        sampled = {**chat, "temperature": 1.0, "stream": True}
+        answer, counted = sent_and_counted(keyed_gateway, namespace, key, "/v1/messages", sampled)
+        events = parsed(answer)
+        opening = events[0][1]["message"]["usage"]
+        if "cache_read_input_tokens" in opening:  # llama-server's, not the gateway's
+            assert counted == reported_usage("/v1/messages", events)
+            break
+        assert counted == (0, reported_usage("/v1/messages", events)[1])
+    else:
+        pytest.fail("5 sampled Messages streams, none opened by llama-server")
 
 
 def test_embedding_and_rerank_deployments_serve_their_routes_only(

@@ -235,7 +235,7 @@ def test_model_serving_a_cold_start_is_broken_down(
 
 
 def test_tenant_onboarding_gives_a_team_a_quota_and_a_key_that_work(
-    kama_control: KamaControl, keyed_gateway: str, tmp_path: Path
+    kama_control: KamaControl, keyed_gateway: GatewayProcess, tmp_path: Path
 ) -> None:
     control, tenant = kama_control, f"team-{uuid.uuid4().hex[:6]}"
     try:
@@ -260,7 +260,7 @@ def test_tenant_onboarding_gives_a_team_a_quota_and_a_key_that_work(
         )
         wait_ready(control, tenant, "chat", 1)
         checked = run(control, "tenants", "check-key",
-            GATEWAY=keyed_gateway, KEY=key.group(0), MODEL=f"{tenant}/chat",
+            GATEWAY=keyed_gateway.url, KEY=key.group(0), MODEL=f"{tenant}/chat",
         )  # fmt: skip
         assert f'"id":"{tenant}/chat"' in checked, checked
         assert checked.rstrip().endswith("200 200 200 429"), "the key's limit holds"

@@ -9,7 +9,6 @@ worker created a pod with a `hostPath: /` volume in any namespace."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import secrets
 import time
@@ -26,11 +25,11 @@ from temporalio.worker import Worker
 from kama.serving_plan import ServingPlan
 from kama.serving_pod import ServingTemplate
 from kamadev.stack import SHELL_IMAGE
-from tests.conftest import KamaControl, fresh_namespace
+from tests.conftest import GatewayProcess, KamaControl, fresh_namespace
 from tests.integration.forged_task_workflow import ForgedTask, ForgedTaskWorkflow
 from tests.integration.test_real_nodes import logs, python_pod, terminated
 from tests.integration.test_serving_plane import deployment
-from tests.support import apply, eventually, get_json, kubectl
+from tests.support import access_key, apply, eventually, get_json, kubectl
 
 HOSTILE_POD = {
     "apiVersion": "v1",
@@ -209,34 +208,23 @@ async def test_a_forged_importer_task_starts_no_importer(
     assert pods["items"] == []
 
 
-def access_key(control: KamaControl, namespace: str) -> str:
-    key = f"kama_{secrets.token_urlsafe(32)}"
-    apply(
-        control.stack,
-        {
-            "apiVersion": "kama.dev/v1alpha1",
-            "kind": "ModelAccessKey",
-            "metadata": {"name": f"key-{secrets.token_hex(3)}", "namespace": namespace},
-            "spec": {"keySHA256": hashlib.sha256(key.encode()).hexdigest()},
-        },
-    )
-    return key
-
-
 def test_a_tenants_key_neither_lists_nor_reaches_nor_wakes_another_namespaces_model(
-    kama_control: KamaControl, keyed_gateway: str, namespace: str
+    kama_control: KamaControl, keyed_gateway: GatewayProcess, namespace: str
 ) -> None:
     control = kama_control
     victim(control, namespace)  # a model at zero replicas
     attacker_namespace = next(fresh_namespace(control.stack, prefix="attacker"))
     try:
-        own, attackers = access_key(control, namespace), access_key(control, attacker_namespace)
+        own = access_key(control.stack, namespace, name=f"key-{secrets.token_hex(3)}")
+        attackers = access_key(
+            control.stack, attacker_namespace, name=f"key-{secrets.token_hex(3)}"
+        )
         model = f"{namespace}/victim"
 
         def listed(key: str) -> tuple[list[str]] | None:
             """The models the key lists, once the gateway knows the key."""
             reply = httpx.get(
-                f"{keyed_gateway}/v1/models", headers={"authorization": f"Bearer {key}"}
+                f"{keyed_gateway.url}/v1/models", headers={"authorization": f"Bearer {key}"}
             )
             if reply.status_code == 401:
                 return None  # the key's watch event is still on its way
@@ -248,17 +236,17 @@ def test_a_tenants_key_neither_lists_nor_reaches_nor_wakes_another_namespaces_mo
         assert theirs == [], theirs
 
         chat = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
-        anonymous = httpx.post(f"{keyed_gateway}/v1/chat/completions", json=chat)
+        anonymous = httpx.post(f"{keyed_gateway.url}/v1/chat/completions", json=chat)
         assert anonymous.status_code == 401 and anonymous.json()["error"]["code"]
         crossing = httpx.post(
-            f"{keyed_gateway}/v1/chat/completions",
+            f"{keyed_gateway.url}/v1/chat/completions",
             json=chat,
             headers={"authorization": f"Bearer {attackers}"},
         )
         assert crossing.status_code == 404, crossing.text
         assert crossing.json()["error"]["code"] == "model_not_found"
         plain = httpx.post(
-            f"{keyed_gateway}/v1/chat/completions",
+            f"{keyed_gateway.url}/v1/chat/completions",
             content=json.dumps(chat),
             headers={"authorization": f"Bearer {own}", "content-type": "text/plain"},
         )

@@ -13,7 +13,7 @@ import io
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from gateway.auth import AccessControl
 from gateway.auth_limits import SlidingWindow
-from gateway.auth_usage import tokens_in
+from gateway.auth_usage import HEAD_BYTES, TAIL_BYTES, MeteredReply, tokens_in
 from gateway.metrics import GatewayMetrics
 from kama.api import ModelAccessKeySpec, key_sha256
 from kama.config import Settings
@@ -358,6 +358,95 @@ def test_usage_is_read_from_the_end_of_an_answer() -> None:
     )
     assert tokens_in(b'{"tokens": [1, 2]}') == (0, 0)
     assert tokens_in(b'{"usage": {"prompt_tokens": "many"}}') == (0, 0)
+
+
+# llama-server's own shapes (tools/server/server-task.cpp of the pinned build)
+RESPONSES_USAGE = {
+    "input_tokens": 21,
+    "output_tokens": 8,
+    "total_tokens": 29,
+    "input_tokens_details": {"cached_tokens": 5},
+}
+MESSAGES_USAGE = {"cache_read_input_tokens": 5, "input_tokens": 16, "output_tokens": 8}
+
+
+def sse(*events: tuple[str, dict[str, Any]]) -> bytes:
+    return b"".join(
+        f"event: {name}\ndata: {json.dumps(data)}\n\n".encode() for name, data in events
+    )
+
+
+def test_responses_and_messages_answers_count_their_input_and_output() -> None:
+    """Both APIs name their counts input and output tokens; Messages count the cached
+    part of the prompt apart. A token budget counts the whole prompt either way."""
+    assert tokens_in(json.dumps({"output": [], "usage": RESPONSES_USAGE}).encode()) == (21, 8)
+    assert tokens_in(json.dumps({"content": [], "usage": MESSAGES_USAGE}).encode()) == (21, 8)
+    completed = {"type": "response.completed", "response": {"usage": RESPONSES_USAGE}}
+    created = {"type": "response.created", "response": {"usage": None}}
+    assert tokens_in(sse(("response.created", created), ("response.completed", completed))) == (
+        21,
+        8,
+    )
+
+
+def test_a_messages_stream_counts_the_input_its_first_event_states() -> None:
+    """A Messages stream states its input in `message_start` and only its output at the
+    end (`message_delta`): a long answer's start is beyond the tail, so the head is
+    read too."""
+    start = {"type": "message_start", "message": {"usage": {**MESSAGES_USAGE, "output_tokens": 0}}}
+    delta = {"type": "message_delta", "usage": {"output_tokens": 900}}
+    text = {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "x" * 200}}
+    head = sse(("message_start", start))
+    body = sse(*[("content_block_delta", text)] * 400)  # ~100 KB: past the tail
+    tail = sse(("message_delta", delta), ("message_stop", {"type": "message_stop"}))
+    assert tokens_in(head + tail) == (21, 900)  # a short answer: all of it in the tail
+    assert tokens_in(head, (head + body + tail)[-TAIL_BYTES:]) == (21, 900)
+    assert tokens_in((head + body + tail)[-TAIL_BYTES:]) == (0, 900), "the head is needed"
+
+
+def test_a_stream_without_usage_is_counted_by_llama_servers_timings() -> None:
+    """A Chat stream whose client did not ask for usage ends with llama-server's
+    timings (the prompt's cached and processed parts, and the generated tokens): a
+    key's budget counts them, so not asking is no way around it. Usage, where the
+    answer states it, wins."""
+    timings = {"cache_n": 12, "prompt_n": 9, "predicted_n": 8, "predicted_ms": 50.1}
+    chunks = [
+        {"choices": [{"delta": {"content": "a"}, "finish_reason": None}]},
+        {"choices": [{"delta": {}, "finish_reason": "length"}], "timings": timings},
+    ]
+    stream = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks)
+    assert tokens_in(stream + b"data: [DONE]\n\n") == (21, 8)
+    with_usage = {"choices": [], "usage": USAGE, "timings": timings}
+    assert tokens_in(stream + b"data: " + json.dumps(with_usage).encode() + b"\n\n") == (7, 5)
+    text = {"choices": [{"text": '"timings": {"predicted_n": 999}'}]}  # escaped in the text
+    assert tokens_in(json.dumps(text).encode()) == (0, 0)
+
+
+async def test_a_metered_reply_keeps_the_head_of_a_long_stream() -> None:
+    sent: list[bytes] = []
+
+    class Sink:
+        status = 200
+        client_gone = False
+
+        def start(self, status: int, headers: Any) -> None:
+            self.status = status
+
+        async def write(self, chunk: bytes) -> None:
+            sent.append(chunk)
+
+    start = {"type": "message_start", "message": {"usage": {**MESSAGES_USAGE, "output_tokens": 0}}}
+    text = {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "x" * 200}}
+    delta = {"type": "message_delta", "usage": {"output_tokens": 900}}
+    reply = MeteredReply(cast(Any, Sink()))
+    reply.start(200, [])
+    for piece in (sse(("message_start", start))[:40], sse(("message_start", start))[40:]):
+        await reply.write(piece)  # the first event split over two pieces
+    for _ in range(400):
+        await reply.write(sse(("content_block_delta", text)))
+    await reply.write(sse(("message_delta", delta)))
+    assert reply.tokens() == (21, 900)
+    assert sum(map(len, sent)) > TAIL_BYTES + HEAD_BYTES
 
 
 def test_the_gateway_needs_keys_unless_told_otherwise() -> None:
