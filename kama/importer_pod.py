@@ -265,6 +265,10 @@ def importer_pod_manifest(
         },
         "spec": {
             "restartPolicy": "Always",
+            # the pause process is PID 1, not the importer: PID 1 ignores a SIGTERM it
+            # has no handler for yet, so a pod deleted as it starts would run out its
+            # grace period (as serving pods do, `kama.serving_pod`)
+            "shareProcessNamespace": True,
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
             "terminationGracePeriodSeconds": 10,

@@ -1,9 +1,10 @@
-"""A serving pod told to stop while it starts stops: the SIGTERM the kubelet sends when
-a pod is deleted (a deployment deleted or scaled in the moment its replica was
-created) ends the runtime even in its first milliseconds, before the runtime has set
-its own handler. As PID 1 of its own PID namespace it would ignore that signal, run
-on, load and serve until its grace period (the drain timeout + 15 s) ran out and the
-kubelet killed it, and a deletion waiting for the pod waited as long.
+"""A serving or importer pod told to stop while it starts stops: the SIGTERM the kubelet
+sends when a pod is deleted (a deployment deleted or scaled in the moment its replica
+was created, an artifact deleted as its import begins) ends Kama's process even in its
+first milliseconds, before it has set its own handler. As PID 1 of its own PID
+namespace it would ignore that signal and run on until its grace period ran out (for
+a replica the drain timeout + 15 s, for an importer 10 s) and the kubelet killed it,
+and a deletion waiting for the pod waited as long.
 
 The signal is sent as the kubelet's runtime sends it, from the host, to the runtime
 process found by its environment the moment it has been started."""
@@ -15,12 +16,15 @@ import signal
 import time
 from pathlib import Path
 
+from kama.importer_protocol import TOKEN_ENV
 from tests.conftest import KamaControl
+from tests.integration.test_artifact_plane import cache, hf_artifact, publish_model
 from tests.integration.test_serving_plane import deployment, ready_artifact
-from tests.support import apply, eventually
+from tests.support import apply, eventually, get_json
 
 FIND_TIMEOUT_S = 120
 STOP_WITHIN_S = 10
+IMPORTER_STOP_WITHIN_S = 2  # well inside its 10 s grace: a stop it ignored shows
 
 
 def started_process(marker: bytes, *, timeout: float) -> tuple[int, float]:
@@ -68,12 +72,40 @@ def test_a_serving_pod_stopped_as_it_starts_stops_at_once(
         ),
     )  # fmt: skip
     marker = f"LLAMA_ARG_ALIAS={namespace}/brief".encode()
+    stops_when_signalled(marker, what="the runtime", within=STOP_WITHIN_S)
+
+
+def test_an_importer_pod_stopped_as_it_starts_stops_at_once(
+    kama_control: KamaControl, namespace: str, tmp_path: Path
+) -> None:
+    control = kama_control
+    repo, _, _ = publish_model(control, tmp_path, seed=65)
+    apply(control.stack, cache(namespace), hf_artifact(namespace, "early", repo, ["tiny.gguf"]))
+
+    def importer_token() -> str | None:
+        """The importer pod's own token (a new one for each pod), once it exists."""
+        selector = "kama.dev/role=importer"
+        for pod in get_json(control.stack, "pods", "-n", namespace, "-l", selector)["items"]:
+            for env in pod["spec"]["containers"][0]["env"]:
+                if env["name"] == TOKEN_ENV:
+                    return str(env["value"])
+        return None
+
+    token = eventually(importer_token, timeout=FIND_TIMEOUT_S, interval=0.05, what="an importer")
+    marker = f"{TOKEN_ENV}={token}".encode()
+    stops_when_signalled(marker, what="the importer", within=IMPORTER_STOP_WITHIN_S)
+
+
+def stops_when_signalled(marker: bytes, *, what: str, within: float) -> None:
+    """Find the process whose environment holds `marker` the moment it is started, send
+    it SIGTERM as the container runtime does when its pod is deleted, and check it
+    stops within `within` seconds."""
     pid, found = started_process(marker, timeout=FIND_TIMEOUT_S)
-    os.kill(pid, signal.SIGTERM)  # as the container runtime does when the pod is deleted
+    os.kill(pid, signal.SIGTERM)
     late = time.monotonic() - found
     eventually(
         lambda: not running(pid),
-        timeout=STOP_WITHIN_S,
+        timeout=within,
         interval=0.1,
-        what=f"the runtime (pid {pid}, signalled {late * 1000:.0f} ms after it was found) to stop",
+        what=f"{what} (pid {pid}, signalled {late * 1000:.0f} ms after it was found) to stop",
     )
