@@ -132,10 +132,16 @@ def test_cron_scaled_object_scales_a_deployment_from_zero_to_two_and_back(
     assert metric["name"].startswith("s0-cron-"), metric
 
     def hpa_read_metric() -> list[dict[str, Any]] | None:
+        """The HPA's reading of KEDA's metric, once it is 2. The HPA states it per
+        replica (the metric over the replicas it had when it read it: 2 at one
+        replica, 1 at two, after its next sync), so the total is compared."""
         status = get_json(stack, "hpa", f"keda-hpa-{NAME}", "-n", namespace)["status"]
         current = status.get("currentMetrics") or []
         ext = [m["external"] for m in current if m.get("type") == "External"]
-        return ext if ext and quantity(ext[0]["current"]["averageValue"]) == 2 else None
+        if not ext:
+            return None
+        total = quantity(ext[0]["current"]["averageValue"]) * status.get("currentReplicas", 0)
+        return ext if total == 2 else None
 
     eventually(hpa_read_metric, timeout=30, what="the HPA's current external metric of 2")
     # 0 → 1 was KEDA's activation, 1 → 2 the HPA's, on the external metric it read
