@@ -53,21 +53,18 @@ def tokens_in(*parts: bytes) -> tuple[int, int]:
     prompt = completion = None
     for part in parts:
         for match in _USAGE.finditer(part):
-            try:
-                usage, _ = _DECODER.raw_decode(part[match.end() - 1 :].decode("utf-8", "replace"))
-            except ValueError:
-                continue
-            if isinstance(usage, dict):
+            usage = _object_after(part, match)
+            if usage is not None:
                 prompt = _stated(usage, names=PROMPT_COUNTS, before=prompt)
                 completion = _stated(usage, names=COMPLETION_COUNTS, before=completion)
+    tail = parts[-1] if parts else b""
     if prompt is None or completion is None:  # what llama-server's timings count instead
-        timed = _timings(parts[-1] if parts else b"")
+        timed = _timings(tail)
         if timed is not None:
             prompt = timed[0] if prompt is None else prompt
             completion = timed[1] if completion is None else completion
     if prompt is not None or completion is not None:
         return prompt or 0, completion or 0
-    tail = parts[-1] if parts else b""
     evaluated = list(_NATIVE["tokens_evaluated"].finditer(tail))
     predicted = list(_NATIVE["tokens_predicted"].finditer(tail))
     if evaluated or predicted:
@@ -85,16 +82,20 @@ def _timings(tail: bytes) -> tuple[int, int] | None:
     found = None
     for match in _TIMINGS.finditer(tail):
         found = match
-    if found is None:
-        return None
-    try:
-        timings, _ = _DECODER.raw_decode(tail[found.end() - 1 :].decode("utf-8", "replace"))
-    except ValueError:
-        return None
-    if not isinstance(timings, dict) or "predicted_n" not in timings:
+    timings = _object_after(tail, found) if found is not None else None
+    if timings is None or "predicted_n" not in timings:
         return None
     prompt = _count(timings.get("cache_n")) + _count(timings.get("prompt_n"))
     return prompt, _count(timings.get("predicted_n"))
+
+
+def _object_after(part: bytes, match: re.Match[bytes]) -> dict[str, Any] | None:
+    """The JSON object that opens at the end of `match` (a `"key":{`), if it is whole."""
+    try:
+        value, _ = _DECODER.raw_decode(part[match.end() - 1 :].decode("utf-8", "replace"))
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _stated(

@@ -21,12 +21,12 @@ JSON answer up to 8 MiB is read whole and sent with its top-level "model" replac
 an event stream is relayed as it arrives, each `data:` line renamed (no more than
 one line held back), an Anthropic Messages stream opening with `message_start` even
 where llama-server's does not (`gateway.messages_stream`); anything else is relayed
-as chunks arrive, the replica's content-length kept. If the client goes away the front cancels the request and the
-unfinished upstream answer is closed, which is how llama-server learns to stop
-generating. A replica that fails mid-answer: a JSON answer (not sent yet) is a 502,
-a longer length-framed answer ends short (the client sees the connection close
-early), and an event stream gets a last event in the OpenAI error shape, which
-OpenAI clients raise.
+as chunks arrive, the replica's content-length kept. If the client goes away the
+front cancels the request and the unfinished upstream answer is closed, which is how
+llama-server learns to stop generating. A replica that fails mid-answer: a JSON
+answer (not sent yet) is a 502, a longer length-framed answer ends short (the client
+sees the connection close early), and an event stream gets a last event in the OpenAI
+error shape, which OpenAI clients raise.
 
 Only the request headers named in FORWARDED_REQUEST_HEADERS reach a replica: never
 the client's own credentials (`authorization`, `x-api-key`: its key to this

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-import secrets
 import subprocess
 import time
 from collections.abc import Callable
@@ -13,6 +11,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from kamactl.access_key import access_key_manifest, mint_key
 from kamadev.stack import LocalStack
 from tests.kube_reads import get_via_client
 
@@ -39,19 +38,20 @@ def kubectl(
     return result
 
 
-def access_key(stack: LocalStack, namespace: str, *, name: str, **spec: Any) -> str:
-    """A new API key: its ModelAccessKey `name` (with `spec`'s limits) is applied and
-    the key itself returned, as `kama access-key create` does."""
-    key = f"kama_{secrets.token_urlsafe(32)}"
-    apply(
-        stack,
-        {
-            "apiVersion": "kama.dev/v1alpha1",
-            "kind": "ModelAccessKey",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {"keySHA256": hashlib.sha256(key.encode()).hexdigest(), **spec},
-        },
+def access_key(stack: LocalStack, namespace: str, *, name: str) -> str:
+    """A new API key for every model of `namespace`, minted and applied as `kama
+    access-key create` does (its ModelAccessKey `name`); the key itself is returned."""
+    key = mint_key()
+    manifest = access_key_manifest(
+        name=name,
+        namespace=namespace,
+        key=key,
+        models=[],
+        namespaces=[],
+        requests_per_minute=None,
+        tokens_per_minute=None,
     )
+    kubectl(stack, "apply", "-f", "-", input=manifest)
     return key
 
 
