@@ -10,7 +10,7 @@ from typing import Any
 from kama.api import GGUFInfo, ModelArtifactStatus, ServingLocation
 from kama.architectures import DIFFUSION_ARCHITECTURES
 from kama.gguf.shards import parse_shard_name
-from kama.memory import ModelFacts
+from kama.model_facts import ModelFacts
 
 __all__ = ["ArtifactNotUsable", "entrypoint_of", "model_facts", "usable"]
 

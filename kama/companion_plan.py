@@ -2,7 +2,7 @@
 statuses: the model artifact's multimodal projector, the draft model
 (`spec.runtime.draftModelRef`) and the LoRA adapters (`spec.adapters`). Each is
 checked before any pod exists (a draft of another vocabulary, an adapter for another
-architecture are refused), counted in the memory estimate (`kama.memory.Companions`)
+architecture are refused), counted in the memory estimate (`kama.model_facts.Companions`)
 and turned into the serving plan's fields and the pod's mounts. Pure: no I/O."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from kama.api import ModelArtifactStatus
 from kama.api.deployment import ModelDeploymentSpec
 from kama.artifact_facts import ArtifactNotUsable, entrypoint_of, model_facts, usable
 from kama.cache_layout import BLOBS_DIR
-from kama.memory import Companions, ModelFacts
+from kama.model_facts import Companions, ModelFacts
 from kama.serving_plan import DRAFT_DIR, CompanionArtifact, adapter_mount
 
 ADAPTER_TYPE = "adapter"  # general.type of a LoRA adapter

@@ -41,11 +41,11 @@ from kama.accelerators import VENDORS, DeviceKind, Sharing
 from kama.api.deployment_choices import PlacementMode, PlacementPolicy
 from kama.memory import (
     MemoryEstimate,
-    ModelFacts,
     RuntimeEnvelope,
     estimate_memory,
     format_bytes,
 )
+from kama.model_facts import ModelFacts
 from kama.node_inventory import NodeInventory, Taint
 
 __all__ = [

@@ -16,7 +16,8 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from kama.memory import MIB, ModelFacts, RuntimeEnvelope, kv_cache_bytes
+from kama.memory import MIB, RuntimeEnvelope, kv_cache_bytes
+from kama.model_facts import ModelFacts
 from kama.quantities import parse_cpu_millicores
 
 __all__ = ["default_prompt_cache_mib", "default_threads"]

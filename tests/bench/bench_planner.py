@@ -25,7 +25,8 @@ from activities.gguf_files import inspect_file
 from kama.api.deployment_choices import PlacementMode
 from kama.deployment_plan import ArtifactNotUsable, model_facts
 from kama.gguf.artifact_status import gguf_info
-from kama.memory import MIB, DeviceEstimate, ModelFacts, RuntimeEnvelope
+from kama.memory import MIB, DeviceEstimate, RuntimeEnvelope
+from kama.model_facts import ModelFacts
 from kama.node_inventory import NodeInventory
 from kama.planner import Placement, plan_placement
 from kama.serving_plan import ServingPlan

@@ -12,12 +12,12 @@ from kama.gguf.artifact_status import gguf_info
 from kama.gguf.facts import GGUFFacts
 from kama.memory import (
     MIB,
-    ModelFacts,
     RuntimeEnvelope,
     estimate_memory,
     kv_cache_bytes,
     recurrent_state_bytes,
 )
+from kama.model_facts import ModelFacts
 
 
 def facts(

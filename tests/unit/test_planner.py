@@ -27,12 +27,12 @@ from kama.memory import (
     CUDA_CONTEXT_RESERVE_BYTES,
     HOST_OVERHEAD_BYTES,
     MIB,
-    ModelFacts,
     RuntimeEnvelope,
     assign_units,
     estimate_memory,
     kv_cache_bytes,
 )
+from kama.model_facts import ModelFacts
 from kama.node_inventory import NodeInventory, Taint, node_from_k8s
 from kama.planner import (
     Placement,
