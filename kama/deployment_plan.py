@@ -46,13 +46,8 @@ from kama.memory import (
     format_bytes,
 )
 from kama.node_inventory import node_from_k8s
-from kama.planner import (
-    Placement,
-    PlacementPlan,
-    Profile,
-    ProfileMode,
-    plan_placement,
-)
+from kama.placement_plan import Placement, PlacementPlan, Profile, ProfileMode
+from kama.planner import plan_placement
 from kama.quantities import parse_bytes
 from kama.reasons import DeploymentReason as R
 from kama.serving_defaults import default_prompt_cache_mib, default_threads

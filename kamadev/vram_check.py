@@ -44,7 +44,8 @@ from kama.gguf.artifact_status import gguf_info
 from kama.memory import MIB
 from kama.node_inventory import node_from_k8s
 from kama.offload_check import check_offload
-from kama.planner import Placement, plan_placement
+from kama.placement_plan import Placement
+from kama.planner import plan_placement
 from kama.serving_plan import ServingPlan
 from kamadev.gguf_factory import ModelShape, write_model
 from kamadev.gpu_nodes import node_object, whole_gpus

@@ -28,7 +28,8 @@ from kama.gguf.artifact_status import gguf_info
 from kama.memory import MIB, DeviceEstimate, RuntimeEnvelope
 from kama.model_facts import ModelFacts
 from kama.node_inventory import NodeInventory
-from kama.planner import Placement, plan_placement
+from kama.placement_plan import Placement
+from kama.planner import plan_placement
 from kama.serving_plan import ServingPlan
 from kamadev.binaries import ensure_binaries
 from kamadev.gguf_factory import ModelShape, write_model

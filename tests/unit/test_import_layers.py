@@ -48,7 +48,11 @@ ALLOWED: dict[str, set[str]] = {
 # of its own (`kama.api.deployment_choices`), never by importing these
 ALGORITHMS = (
     "kama.planner",
+    "kama.placement_plan",
+    "kama.placement_candidates",
+    "kama.placement_messages",
     "kama.memory",
+    "kama.model_facts",
     "kama.autoscaling",
     "kama.deployment_plan",
     "kama.demand_ledger",

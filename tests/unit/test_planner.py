@@ -34,14 +34,8 @@ from kama.memory import (
 )
 from kama.model_facts import ModelFacts
 from kama.node_inventory import NodeInventory, Taint, node_from_k8s
-from kama.planner import (
-    Placement,
-    PlacementPlan,
-    Profile,
-    ProfileMode,
-    SplitMode,
-    plan_placement,
-)
+from kama.placement_plan import Placement, PlacementPlan, Profile, ProfileMode, SplitMode
+from kama.planner import plan_placement
 from kama.quantities import parse_bytes, parse_cpu_millicores, parse_quantity
 from kamadev import gpu_nodes
 from kamadev.gguf_factory import ModelShape, write_model
