@@ -21,7 +21,8 @@ request's home (consistent hashing with bounded loads, Mirrokni et al. 2018), so
 hot prefix spills over instead of queueing on one replica. The home is chosen among
 every routable replica, full or not, a replica's load counting the requests waiting
 for it as their home: a full home within the bound that served the request's
-prefix last is worth a short wait (the registry waits up to `HOME_WAIT_S` for a slot
+prefix last, or the first request to wait for it whatever the bound (at low load
+the bound is one request a replica), is worth a short wait (the registry waits up to `HOME_WAIT_S` for a slot
 there) rather than a prefill of the whole prompt elsewhere; a home that never held
 it is not; after that wait, the request spills to the first replica in the same
 order with a free slot (again within the bound among those)."""
@@ -137,14 +138,15 @@ def home_endpoint(
 
 def by_affinity(candidates: list[C], *, affinity: Affinity, remembered: str | None = None) -> C:
     """The first of `candidates` in the request's order (`ranked`) whose load, with
-    this request, stays within LOAD_BOUND times the average. A replica's load counts
-    the requests waiting for it as their home: a hot prefix's queue at its home is
+    this request, stays within LOAD_BOUND times the average, or that this request
+    would be the first to wait for (`_first_to_wait`). A replica's load counts the
+    requests waiting for it as their home: a hot prefix's queue at its home is
     bounded too, and the requests past it spill at once rather than after a wait."""
     total = sum(_load(e) for e in candidates) + 1
     bound = math.ceil(LOAD_BOUND * total / len(candidates))
     ordered = ranked(candidates, affinity=affinity, remembered=remembered)
     for endpoint in ordered:
-        if _load(endpoint) + 1 <= bound:
+        if _load(endpoint) + 1 <= bound or _first_to_wait(endpoint, remembered=remembered):
             return endpoint
     return min(ordered, key=lambda e: e.pressure())  # unreachable with bound >= average
 
@@ -163,6 +165,16 @@ def ranked(candidates: list[C], *, affinity: Affinity, remembered: str | None = 
         reverse=True,
     )
     return [first, *rest]
+
+
+def _first_to_wait(endpoint: Candidate, *, remembered: str | None) -> bool:
+    """Whether `endpoint` is the full replica that served the request's prefix last,
+    with no request waiting for it yet: the first such request may wait for it
+    whatever the bound says. At low load the bound is a single request (four one-slot
+    replicas, one busy: 1.25 x 2/4 rounds up to 1), so without this a conversation
+    whose replica is busy would never wait for it, and would prefill all its turns
+    again elsewhere rather than wait a moment for the slot that holds them."""
+    return endpoint.pod == remembered and not _free(endpoint) and endpoint.homed == 0
 
 
 def _routable(endpoints: Iterable[C], *, exclude: Collection[str], now: float) -> list[C]:

@@ -4,8 +4,10 @@ wait, then takes any, but only when the home served its prefix before (a prefix 
 cached there takes a free slot at once, and after a spill the replica it spilled to
 holds it); a queued request keeps its keys and gets its home's freed slot
 ahead of an older request waiting for another home, but not once that one's home wait
-is over; a home busier than the load bound is not waited for; requests without
-affinity queue as before. Time is a `ManualClock`: nothing sleeps."""
+is over; the first request for a full home waits for it even when the load bound
+would spill it (at low load the bound is one request a replica), the next ones only
+within the bound; requests without affinity queue as before. Time is a
+`ManualClock`: nothing sleeps."""
 
 from __future__ import annotations
 
@@ -119,14 +121,41 @@ async def test_a_slot_freed_on_the_home_within_the_wait_goes_to_its_waiter() -> 
     assert_idle(model)
 
 
-async def test_a_home_busier_than_the_bound_is_not_waited_for() -> None:
-    registry, model, _ = affinity_model(slots=2)
+async def test_a_busy_one_slot_home_is_waited_for_even_at_low_load() -> None:
+    registry, model, clock = affinity_model(slots=1, replicas=4)
+    busy = take(registry, model, "p0")  # another conversation's turn on p0
+    key = cached_at(model, "p0", skip=1)  # p0 served this conversation's last turn
+    # one request in flight over four one-slot replicas: by the bound alone p0 is busier
+    # than 1.25 x the average, and the old router sent this turn to an idle replica at
+    # once, to prefill the whole conversation there
+    assert registry.acquire(model, route="chat", exclude=(), now=0.0, affinity=key) is None
+    request = waiting(registry, model, key)
+    await clock.advance(WAIT / 4)
+    assert not request.done()
+    busy.release()
+    await clock.settle()
+    lease = request.result()
+    assert lease is not None and lease.endpoint.pod == "p0"
+    lease.release()
+    assert_idle(model)
+
+
+async def test_past_its_first_waiter_a_home_busier_than_the_bound_is_not_waited_for() -> None:
+    registry, model, clock = affinity_model(slots=2)
     home = [take(registry, model, "p0"), take(registry, model, "p0")]  # p1 idle
     key = cached_at(model, "p0", skip=1)
+    first = waiting(registry, model, key)  # the first may wait for its full home
+    await clock.settle()
+    assert not first.done() and model.endpoints["p0"].homed == 1
     lease = registry.acquire(model, route="chat", exclude=(), now=0.0, affinity=key)
-    assert lease is not None and lease.endpoint.pod == "p1"  # 3 > 1.25 x 3/2: spill now
-    for done in [*home, lease]:
+    assert lease is not None and lease.endpoint.pod == "p1"  # 2 + 1 + 1 > 1.25 x 4/2: now
+    home[0].release()
+    await clock.settle()
+    waited = first.result()
+    assert waited is not None and waited.endpoint.pod == "p0"
+    for done in [home[1], lease, waited]:
         done.release()
+    assert_idle(model)
 
 
 async def test_requests_waiting_for_a_home_count_in_its_load() -> None:
