@@ -20,6 +20,10 @@ scenarios run at that load.
 - **TTFT**: mean and p90 (the distribution is bimodal, hit or miss, so p50 says little);
   p90 also over follow-up turns alone, as a conversation's first turn is a full prefill
   under either strategy and makes 1/TURNS of the requests.
+- **Follow-up turns by outcome**, from each answer's `x-kama-pod` header and the
+  `timings` llama-server puts on its last event: found the conversation cached (most
+  of its system prompt in `cache_n`), missed on another replica than the turn before
+  (moved), or missed on the same one (its prompt cache let it go).
 - **Capacity**: users are swept (2, 4, 6, 8, 16); a strategy's capacity is the most
   requests/s it sustained with p90 TTFT within `TTFT_LIMIT_X` cold turns.
 - Scenarios: `distinct` (every user its own long system prompt), `tenant` (8 users
@@ -35,6 +39,8 @@ TTFT <= 0.5x, p90 TTFT <= 0.6x, capacity >= 1.5x; within +-5 % when no prefix re
 from __future__ import annotations
 
 import concurrent.futures
+import json
+import os
 import random
 import statistics
 import threading
@@ -68,7 +74,16 @@ CONVERSATION_TOKENS = SYSTEM_CHARS + TURNS * 64  # turns, replies and the templa
 CACHED_CONVERSATIONS = 3  # a replica's prompt cache, beyond its slot
 PROMPT_CACHE_MIB = -(-CACHED_CONVERSATIONS * CONVERSATION_TOKENS * KV_BYTES_PER_TOKEN // (1 << 20))
 THINK_X = 3.0  # mean think time, in cold turns
-USER_LEVELS = (2, 4, 6, 8, 16)
+# the loads swept; KAMA_BENCH_PREFIX_USERS (e.g. "4") runs only those, to look at one
+# load, and writes prefix_affinity_users-<levels>.json instead
+USER_LEVELS = tuple(
+    int(u) for u in os.environ.get("KAMA_BENCH_PREFIX_USERS", "2,4,6,8,16").split(",")
+)
+RESULT_NAME = (
+    "prefix_affinity"
+    if "KAMA_BENCH_PREFIX_USERS" not in os.environ
+    else f"prefix_affinity_users-{'-'.join(map(str, USER_LEVELS))}"
+)
 TTFT_LIMIT_X = 2.0  # the capacity's TTFT limit (p90), in cold turns
 TENANTS = 2
 STRATEGIES = ("LeastLoad", "PrefixAffinity")
@@ -93,6 +108,25 @@ class Rounds:
     seconds: float = 0.0
     prefill_tokens: float = 0.0
     busy_s: float = 0.0  # the replicas' seconds of prefill and generation
+    # follow-up turns by what the replica did with the conversation's earlier turns
+    follow_up_hits: int = 0  # found them in its cache
+    follow_up_moved: int = 0  # missed on another replica than the turn before
+    follow_up_evicted: int = 0  # missed on the same replica (its cache let them go)
+
+    def count(self, turn: Turn, *, follow_up: bool, before: str) -> None:
+        """A turn answered; `follow_up` when the conversation's earlier turns went
+        before (to replica `before`)."""
+        self.ttft.append(turn.ttft)
+        self.requests += 1
+        if not follow_up:
+            return
+        self.follow_up_ttft.append(turn.ttft)
+        if turn.hit:
+            self.follow_up_hits += 1
+        elif turn.pod != before:
+            self.follow_up_moved += 1
+        else:
+            self.follow_up_evicted += 1
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -104,6 +138,9 @@ class Rounds:
             if self.follow_up_ttft
             else None,
             "prefill_tokens": int(self.prefill_tokens),
+            "follow_up_hits": self.follow_up_hits,
+            "follow_up_moved": self.follow_up_moved,
+            "follow_up_evicted": self.follow_up_evicted,
             # busy replica-seconds over replica-seconds of the rounds
             "utilisation": round(self.busy_s / (REPLICAS * self.seconds), 3),
             "errors": len(self.errors),
@@ -116,10 +153,28 @@ def system_prompt(tag: str) -> str:
     return (words * (SYSTEM_CHARS // len(words) + 1))[:SYSTEM_CHARS]
 
 
-def ttft_of(client: httpx.Client, url: str, model: str, messages: list[dict[str, str]]) -> float:
-    """Time to the first streamed event of one chat request (read to its end)."""
+@dataclass(frozen=True)
+class Turn:
+    """One streamed chat request: its time to first event, the replica that answered
+    (the gateway's `x-kama-pod` header) and what llama-server says it prefilled and
+    found cached (the last event's `timings`)."""
+
+    ttft: float
+    pod: str
+    prompt_n: int
+    cache_n: int
+
+    @property
+    def hit(self) -> bool:
+        """Most of the system prompt came from the replica's cache."""
+        return self.cache_n >= SYSTEM_CHARS // 2
+
+
+def ttft_of(client: httpx.Client, url: str, model: str, messages: list[dict[str, str]]) -> Turn:
+    """One chat request, streamed and read to its end."""
     started = time.perf_counter()
     first: float | None = None
+    timings: dict[str, Any] = {}
     with client.stream(
         "POST",
         f"{url}/v1/chat/completions",
@@ -128,10 +183,19 @@ def ttft_of(client: httpx.Client, url: str, model: str, messages: list[dict[str,
     ) as response:  # fmt: skip
         assert response.status_code == 200, response.read()
         for line in response.iter_lines():
-            if line.startswith("data:") and first is None:
+            if not line.startswith("data:"):
+                continue
+            if first is None:
                 first = time.perf_counter() - started
+            if '"timings"' in line:
+                timings = json.loads(line[5:]).get("timings", {})
     assert first is not None
-    return first
+    return Turn(
+        ttft=first,
+        pod=response.headers.get("x-kama-pod", ""),
+        prompt_n=int(timings.get("prompt_n", 0)),
+        cache_n=int(timings.get("cache_n", 0)),
+    )
 
 
 BUSY_COUNTERS = ("prompt_seconds_total", "tokens_predicted_seconds_total")
@@ -160,6 +224,7 @@ def run_round(
     def user(number: int) -> None:
         rng = random.Random(seed * 1000 + number)  # the same thinking for both strategies
         messages: list[dict[str, str]] = []
+        pod = ""  # the replica that answered the conversation's turn before
         with httpx.Client(timeout=600) as client:
             time.sleep(rng.uniform(0, think_s))  # users do not start in step
             for turn in range(TURNS):
@@ -167,16 +232,14 @@ def run_round(
                     messages = [{"role": "system", "content": prompt_of(number, turn)}]
                 messages.append({"role": "user", "content": f"user {number} turn {turn}: go on"})
                 try:
-                    ttft = ttft_of(client, gw.url, model, messages)
+                    answered = ttft_of(client, gw.url, model, messages)
                 except (AssertionError, httpx.HTTPError) as exc:  # counted, not hidden
                     with lock:
                         rounds.errors.append(str(exc)[:200])
                 else:
                     with lock:
-                        rounds.ttft.append(ttft)
-                        if len(messages) > 2:  # the conversation's earlier turns went before
-                            rounds.follow_up_ttft.append(ttft)
-                        rounds.requests += 1
+                        rounds.count(answered, follow_up=len(messages) > 2, before=pod)
+                    pod = answered.pod
                 messages.append({"role": "assistant", "content": f"reply {turn}"})
                 time.sleep(rng.expovariate(1 / think_s))
 
@@ -251,7 +314,7 @@ def cold_turn_s(gw: GatewayProcess, namespace: str, name: str) -> float:
                     {"role": "system", "content": system_prompt(f"cold-{uuid.uuid4().hex[:6]}")},
                     {"role": "user", "content": "hello"},
                 ],
-            )
+            ).ttft
             for _ in range(3)
         ]
     return statistics.median(samples)
@@ -292,7 +355,7 @@ def test_prefix_affinity_against_least_load(
     for users in USER_LEVELS:
         done = abba(gw, namespace, names, users=users, prompts=own, think_s=think, seed=users)
         sweep[users] = {strategy: done[strategy].summary() for strategy in STRATEGIES}
-        record("prefix_affinity", {**results, "sweep_so_far": {str(u): sweep[u] for u in sweep}})
+        record(RESULT_NAME, {**results, "sweep_so_far": {str(u): sweep[u] for u in sweep}})
     capacity = {
         strategy: max(
             [
@@ -343,7 +406,7 @@ def test_prefix_affinity_against_least_load(
         "measured": results["unique"]["ttft_mean_ratio"],
         "met": abs(results["unique"]["ttft_mean_ratio"] - 1) <= 0.05,
     }
-    record("prefix_affinity", results)
+    record(RESULT_NAME, results)
     assert results["hot_prefix_replicas"] > 1, "one hot prefix stayed on one replica"
 
 
