@@ -22,10 +22,11 @@ hot prefix spills over instead of queueing on one replica. The home is chosen am
 every routable replica, full or not, a replica's load counting the requests waiting
 for it as their home: a full home within the bound that served the request's
 prefix last, or the first request to wait for it whatever the bound (at low load
-the bound is one request a replica), is worth a short wait (the registry waits up to `HOME_WAIT_S` for a slot
-there) rather than a prefill of the whole prompt elsewhere; a home that never held
-it is not; after that wait, the request spills to the first replica in the same
-order with a free slot (again within the bound among those)."""
+the bound is one request a replica), is worth a short wait (the registry waits up
+to `HOME_WAIT_S` for a slot there) rather than a prefill of the whole prompt
+elsewhere; a home that never held it is not; after that wait, the request spills
+to the first replica in the same order with a free slot (again within the bound
+among those)."""
 
 from __future__ import annotations
 
