@@ -24,7 +24,6 @@ from kama.api.artifact import (
     ArtifactFile,
     ArtifactPhase,
     ArtifactSource,
-    GGUFInfo,
     HuggingFaceSource,
     ImportProgress,
     ModelArtifact,
@@ -48,6 +47,7 @@ from kama.api.cache import (
     ModelCacheStatus,
     RetentionPolicy,
 )
+from kama.api.gguf_info import GGUFInfo
 from kama.api.meta import (
     API_VERSION,
     FINALIZER,

@@ -9,7 +9,7 @@ and never the file.
 
 from __future__ import annotations
 
-from kama.api.artifact import GGUFInfo, MemoryLayoutInfo, WeightLayout
+from kama.api.gguf_info import GGUFInfo, MemoryLayoutInfo, WeightLayout
 from kama.architectures import memory_layout
 from kama.gguf.facts import GGUFFacts
 
