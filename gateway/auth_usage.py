@@ -147,21 +147,21 @@ class MeteredReply:
 
     def send(self, status: int, headers: Headers, body: bytes) -> None:
         self._head = body[:HEAD_BYTES]
-        self._keep(body[-TAIL_BYTES:])
+        self._keep_tail(body[-TAIL_BYTES:])
         self.inner.send(status, headers, body)
 
     def start(self, status: int, headers: Headers) -> None:
         self.inner.start(status, headers)
 
     async def write(self, chunk: bytes) -> None:
-        self._keep(chunk)
+        if len(self._head) < HEAD_BYTES:
+            self._head += chunk[: HEAD_BYTES - len(self._head)]
+        self._keep_tail(chunk)
         await self.inner.write(chunk)
 
-    def _keep(self, piece: bytes) -> None:
+    def _keep_tail(self, piece: bytes) -> None:
         if not piece:
             return
-        if len(self._head) < HEAD_BYTES:
-            self._head += piece[: HEAD_BYTES - len(self._head)]
         self._tail.append(piece)
         self._size += len(piece)
         while self._size - len(self._tail[0]) >= TAIL_BYTES:
