@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 import secrets
 from collections.abc import Iterator
 from typing import Any
@@ -23,6 +22,7 @@ import pytest
 from kama.serving_plan import LLAMA_PORT
 from tests.conftest import GatewayProcess, fresh_namespace
 from tests.integration.test_gateway import client, serve
+from tests.integration.test_observability import sample
 from tests.integration.test_serving_plane import routable, serving_pods, wait_ready
 from tests.support import access_key, eventually, serving_headers
 
@@ -293,14 +293,12 @@ def reported_usage(path: str, answer: Any) -> tuple[int, int]:
 def key_tokens(gw: GatewayProcess, namespace: str, key: str) -> tuple[float, float]:
     """The key's prompt and completion token counters, from the gateway's metrics."""
     text = httpx.get(f"{gw.ops_url}/metrics", timeout=10).text
-    labels = f'{{key="{key}",key_namespace="{namespace}"}}'
-    counts = []
-    for kind in ("prompt", "completion"):
-        found = re.search(
-            rf"^kama_gateway_key_{kind}_tokens_total{re.escape(labels)} (\S+)$", text, re.M
-        )
-        counts.append(float(found[1]) if found else 0.0)
-    return counts[0], counts[1]
+    prompt, completion = (
+        sample(text, f"kama_gateway_key_{kind}_tokens_total", key=key, key_namespace=namespace)
+        or 0.0
+        for kind in ("prompt", "completion")
+    )
+    return prompt, completion
 
 
 def tokens_gained(
