@@ -101,7 +101,7 @@ class Stage:
 
     async def skip(self, duration: timedelta) -> None:
         """Let `duration` of workflow time pass (as fast as the workflows allow)."""
-        await self._unstuck(self.env.sleep(duration))
+        await self._unstuck(self.server.sleep(duration))
 
     async def result(self, handle: WorkflowHandle[Any, T]) -> T:
         """The workflow's result, skipping time while it runs."""

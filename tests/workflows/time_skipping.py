@@ -20,9 +20,14 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from temporalio.api.testservice.v1 import UnlockTimeSkippingRequest
+from temporalio.api.testservice.v1 import SleepRequest, UnlockTimeSkippingRequest
 from temporalio.api.workflow.v1 import WorkflowExecutionInfo as ExecutionInfo
-from temporalio.api.workflowservice.v1 import ListClosedWorkflowExecutionsRequest
+from temporalio.api.workflowservice.v1 import (
+    ListClosedWorkflowExecutionsRequest,
+    ListClosedWorkflowExecutionsResponse,
+    ListOpenWorkflowExecutionsRequest,
+    ListOpenWorkflowExecutionsResponse,
+)
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
@@ -30,6 +35,11 @@ from temporalio.testing import WorkflowEnvironment
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEST_SERVER_SCRIPT = REPO_ROOT / "deploy" / "local" / "build-test-server.sh"
 TEST_SERVER_STARTUP = timedelta(seconds=60)  # a JVM on two busy cores
+# While something holds virtual time (a workflow task, an activity, a child's start),
+# the server's clock runs at wall-clock speed, so a sleep can take real seconds; on two
+# cores shared with the stack tests that once took longer than the client's default
+# deadline for a call (30 s). A sleep gets longer, and says what held time if it fails.
+SLEEP_DEADLINE = timedelta(minutes=2)
 
 
 def install_test_server() -> str:
@@ -77,7 +87,7 @@ async def closed_executions(client: Client) -> list[ExecutionInfo]:
     answer carries no parent)."""
     for attempt in range(1, LIST_ATTEMPTS + 1):
         try:
-            return await _closed_executions(client)
+            return await _executions(client, closed=True)
         except RPCError as exc:
             if exc.status not in SERVER_FAULTS or attempt == LIST_ATTEMPTS:
                 raise
@@ -85,19 +95,51 @@ async def closed_executions(client: Client) -> list[ExecutionInfo]:
     raise AssertionError("unreachable")
 
 
-async def _closed_executions(client: Client) -> list[ExecutionInfo]:
+async def _executions(client: Client, *, closed: bool) -> list[ExecutionInfo]:
+    """The closed (or open) workflows on the server, every page."""
+    service = client.workflow_service
     found: list[ExecutionInfo] = []
     token = b""
     while True:
-        page = await client.workflow_service.list_closed_workflow_executions(
-            ListClosedWorkflowExecutionsRequest(
-                namespace=client.namespace, maximum_page_size=1000, next_page_token=token
+        page: ListClosedWorkflowExecutionsResponse | ListOpenWorkflowExecutionsResponse
+        if closed:
+            page = await service.list_closed_workflow_executions(
+                ListClosedWorkflowExecutionsRequest(
+                    namespace=client.namespace, maximum_page_size=1000, next_page_token=token
+                )
             )
-        )
+        else:
+            page = await service.list_open_workflow_executions(
+                ListOpenWorkflowExecutionsRequest(
+                    namespace=client.namespace, maximum_page_size=1000, next_page_token=token
+                )
+            )
         found += page.executions
         token = page.next_page_token
         if not token:
             return found
+
+
+async def holding_time(client: Client) -> str:
+    """What the open workflows are waiting on (their pending activities and children):
+    the candidates for what holds virtual time, for a stalled sleep's failure."""
+    lines = []
+    for info in await _executions(client, closed=False):
+        execution = info.execution
+        described = await client.get_workflow_handle(
+            execution.workflow_id, run_id=execution.run_id
+        ).describe()
+        raw = described.raw_description
+        activities = [
+            f"{a.activity_type.name} (attempt {a.attempt}, state {a.state})"
+            for a in raw.pending_activities
+        ]
+        children = [c.workflow_id for c in raw.pending_children]
+        lines.append(
+            f"{execution.workflow_id}: activities {activities or 'none'}, "
+            f"children {children or 'none'}"
+        )
+    return "; ".join(lines) or "no open workflow"
 
 
 @dataclass
@@ -108,6 +150,22 @@ class TimeSkippingServer:
 
     env: WorkflowEnvironment
     settled: set[str] = field(default_factory=set)  # closed runs already looked at
+
+    async def sleep(self, duration: timedelta) -> None:
+        """Let `duration` of virtual time pass (`WorkflowEnvironment.sleep`, with a
+        deadline that allows for a loaded machine)."""
+        request = SleepRequest()
+        request.duration.FromTimedelta(duration)
+        client = self.env.client
+        try:
+            await client.test_service.unlock_time_skipping_with_sleep(
+                request, timeout=SLEEP_DEADLINE
+            )
+        except RPCError as exc:
+            raise AssertionError(
+                f"{duration} of virtual time did not pass within {SLEEP_DEADLINE} of wall-clock "
+                f"time ({exc.message}); open workflows: {await holding_time(client)}"
+            ) from exc
 
     async def release_orphaned_locks(self) -> None:
         """Give back the lock the test server leaked for each closed child of a
