@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import timedelta
-from pathlib import PurePosixPath
 from typing import Any, TypeVar, cast
 
 from temporalio import workflow
@@ -31,28 +30,30 @@ from temporalio.exceptions import (
     FailureError,
 )
 
+from workflows.artifact_outcomes import (
+    failure_conditions,
+    how_imported,
+    in_place_result,
+    is_direct,
+    published_status,
+    shortage,
+)
 from workflows.entity import AGAIN, HISTORY_LIMIT, EntityWorkflow, Rest
-from workflows.kube_calls import CLAIM, call_kube, causes, failure_type
+from workflows.kube_calls import CLAIM, call_kube, failure_type
 from workflows.polling import poll_interval
 
 with workflow.unsafe.imports_passed_through():
     from activities.claims import CacheClaim, CacheRequest
-    from activities.import_payloads import HubSource, PublishedArtifact, PvcSource
+    from activities.import_payloads import HubSource, PvcSource
     from activities.importer_pods import ImporterPod, PodRef
     from activities.kama_objects import FinalizerRequest
     from activities.kube import KubeActivities
     from kama.api import (
         ArtifactCondition,
-        ArtifactFile,
         ArtifactPhase,
-        GGUFInfo,
-        ImportProgress,
         ModelArtifactSpec,
         ModelArtifactStatus,
-        PVCSourceMode,
-        ServingLocation,
     )
-    from kama.cache_layout import blob_dir
     from kama.conditions import ConditionUpdate, rfc3339, status_json, updated_status_model
     from kama.contracts import (
         ARTIFACTS,
@@ -79,16 +80,6 @@ DELETE_RECHECK_MAX = timedelta(minutes=5)
 """A deletion held by ModelDeployments that use the artifact is rechecked after 30 s,
 then less often, up to every 5 minutes (such a hold can last days)."""
 
-FAILURE_CONDITIONS: Mapping[str, ArtifactCondition] = {
-    Failure.CHECKSUM_MISMATCH: ArtifactCondition.CHECKSUM_MISMATCH,
-    Failure.INVALID_GGUF: ArtifactCondition.INVALID_GGUF,
-    Failure.MISSING_SHARD: ArtifactCondition.MISSING_SHARD,
-    Failure.INSUFFICIENT_STORAGE: ArtifactCondition.INSUFFICIENT_STORAGE,
-    Failure.SOURCE_UNAVAILABLE: ArtifactCondition.SOURCE_UNAVAILABLE,
-    Failure.STORAGE_UNAVAILABLE: ArtifactCondition.STORAGE_UNAVAILABLE,
-    Failure.CLAIM_NOT_BOUND: ArtifactCondition.STORAGE_UNAVAILABLE,
-}
-"""The condition each typed failure sets True (the others only set Ready=False)."""
 Result = TypeVar("Result")
 
 
@@ -126,43 +117,6 @@ ImportChild = (
     | workflow.ChildWorkflowHandle[VerifyWorkflow, VerifyResult]
 )
 ClaimActivity = Callable[[KubeActivities, CacheRequest], CacheClaim]
-
-
-def in_place_result(verified: VerifyResult) -> ImportResult:
-    """A Direct source's verification, in the shape of an import result. Its files are
-    named relative to the artifact's directory (`servingLocation.subPath`), as every
-    artifact's files are, and as its manifest and the serving pod's `/models` see them
-    (a Direct source's files are the children of one directory)."""
-    found = verified.artifact
-    assert found is not None
-    files = [replace(f, path=PurePosixPath(f.path).name) for f in found.files]
-    artifact = PublishedArtifact(
-        manifest_digest=found.manifest_digest,
-        artifact_digest=found.artifact_digest,
-        total_size=found.total_size,
-        directory=found.base_path,
-        facts=found.facts,
-        entrypoint=found.entrypoint,
-        projector=found.projector,
-    )
-    return ImportResult(commit="", files=files, artifact=artifact, reused=False, in_place=True)
-
-
-def is_direct(spec: ModelArtifactSpec) -> bool:
-    pvc = spec.source.persistent_volume_claim
-    return pvc is not None and pvc.mode is PVCSourceMode.DIRECT
-
-
-def shortage(error: BaseException) -> tuple[int, int] | None:
-    """(free, needed) bytes of an import that did not fit in its cache, from the
-    `InsufficientStorage` error behind a failed child workflow."""
-    for found in causes(error):
-        if isinstance(found, ApplicationError) and found.type == Failure.INSUFFICIENT_STORAGE:
-            details = found.details[0] if found.details else None
-            if isinstance(details, dict):
-                return int(details.get("freeBytes", 0)), int(details.get("neededBytes", 0))
-            return None
-    return None
 
 
 @workflow.defn(name="Keep model artifact")
@@ -540,61 +494,9 @@ class ArtifactWorkflow(EntityWorkflow):
     async def _succeed(
         self, snap: EntitySnapshot, result: ImportResult, claim: CacheClaim, pod: PodRef
     ) -> None:
-        art = result.artifact
-        digest = f"sha256:{art.manifest_digest}"
-        published = ModelArtifactStatus(
-            phase=ArtifactPhase.READY,
-            files=[
-                ArtifactFile(path=f.path, size=f.size, sha256=f.sha256)
-                for f in sorted(result.files, key=lambda f: f.path)
-            ],
-            manifest_digest=digest,
-            artifact_digest=f"sha256:{art.artifact_digest}",
-            short_digest=art.artifact_digest[:12],
-            total_size=art.total_size,
-            gguf=GGUFInfo.model_validate(art.facts),
-            serving_location=ServingLocation(
-                claim_name=claim.claim_name,
-                sub_path=art.directory if result.in_place else str(blob_dir(art.manifest_digest)),
-                access_modes=claim.access_modes,
-                node_affinity=claim.node_affinity or None,
-            ),
-            progress=ImportProgress(bytes_done=art.total_size, bytes_total=art.total_size),
-            resolved_commit=result.commit or None,
-            entrypoint=art.entrypoint or None,
-            projector=art.projector or None,
-        )
-        how = (
-            "reused the published blob"
-            if result.reused
-            else f"downloaded {len(result.files)} file(s)"
-        )
-        await self._write(
-            snap,
-            published,
-            conditions=[
-                (
-                    ArtifactCondition.SOURCE_RESOLVED,
-                    True,
-                    ArtifactReason.RESOLVED,
-                    f"revision resolved to commit {result.commit}"
-                    if result.commit
-                    else "files found on the source claim",
-                ),
-                (ArtifactCondition.IMPORTING, False, ArtifactReason.IMPORTED, how),
-                (
-                    ArtifactCondition.VERIFIED,
-                    True,
-                    ArtifactReason.CHECKSUMS_MATCH,
-                    "sha256 of every file matches the source",
-                ),
-                *[
-                    (c, False, ArtifactReason.IMPORTED, "")
-                    for c in dict.fromkeys(FAILURE_CONDITIONS.values())
-                ],
-                (ArtifactCondition.READY, True, ArtifactReason.PUBLISHED, f"published as {digest}"),
-            ],
-        )
+        published, conditions = published_status(result, claim)
+        await self._write(snap, published, conditions=conditions)
+        digest = f"sha256:{result.artifact.manifest_digest}"
         self._memory.imported_generation = snap.generation
         self._memory.failed_generation = None
         self._last_error = None
@@ -602,22 +504,14 @@ class ArtifactWorkflow(EntityWorkflow):
             snap,
             type="Normal",
             reason=ArtifactReason.READY,
-            message=f"Artifact {digest[:19]} is ready ({how})",
+            message=f"Artifact {digest[:19]} is ready ({how_imported(result)})",
         )
         await call_kube(KubeActivities.delete_pod, pod)
 
     async def _fail(
         self, snap: EntitySnapshot, kind: str, message: str, *, pod: PodRef | None
     ) -> None:
-        condition = FAILURE_CONDITIONS.get(kind)
-        conditions: list[ConditionUpdate] = [
-            (ArtifactCondition.IMPORTING, False, kind, message),
-            (ArtifactCondition.READY, False, kind, message),
-        ]
-        if kind == Failure.CHECKSUM_MISMATCH:
-            conditions.append((ArtifactCondition.VERIFIED, False, kind, message))
-        if condition is not None:
-            conditions.append((condition, True, kind, message))
+        conditions = failure_conditions(kind, message)
         await self._write(
             snap, ModelArtifactStatus(phase=ArtifactPhase.FAILED), conditions=conditions
         )
