@@ -15,6 +15,10 @@ as `kubectl scale` does. Written to bench-results/scale_out.json.
   and then the first byte of the same request straight to it. Goal: Kama - plain <= 0.3 s.
 - **The observer does not load what it measures**: one watch per kind (pods, the
   ModelDeployment), timestamps taken as events arrive; no polling.
+- **Whose CPU**: each scale-out's CPU seconds by part of the stack (API server, etcd,
+  kubelets, Temporal, Kama's worker, watchers and gateway, llama-server, the benchmark
+  itself), read from /proc at its start and at Ready (tests/bench/cpu_use.py): the
+  same pod starting slower under one system than the other is the 2 cores' other work.
 
 Trials alternate Kama and plain; medians of `TRIALS`. The replicas run one
 llama-server thread (`runtime.threads: 1`): two endless streams with the default
@@ -46,6 +50,7 @@ from kama.serving_plan import LLAMA_PORT
 from kamadev.gguf_factory import ModelShape, write_model
 from kamadev.stack import LocalStack
 from tests.bench.bench_gateway import record
+from tests.bench.cpu_use import cpu_between, read_cpu
 from tests.conftest import GatewayProcess
 from tests.integration.test_artifact_plane import cache, hf_artifact, wait_condition
 from tests.integration.test_serving_plane import (
@@ -207,12 +212,15 @@ def kama_scale_out(gw: GatewayProcess, namespace: str, name: str) -> dict[str, f
     try:
         pods.wait(lambda seen: before <= set(seen), timeout=30)  # the watch has listed
         with streams(gw.url, f"{namespace}/{name}", 2):
+            cpu = read_cpu()
             started = time.perf_counter()
             (new,) = pods.wait(new_ready(before), timeout=120)
+            used = cpu_between(cpu, read_cpu())
         marks = pods.seen[new]
         return {
             "scaled": replicas.reached[2] - started,
             **{phase: marks[phase] - started for phase in ("created", "running", "ready")},
+            **{f"cpu {part}": seconds for part, seconds in used.items()},
         }
     finally:
         pods.stop()
@@ -249,10 +257,13 @@ def plain_trial(stack: LocalStack, namespace: str) -> dict[str, float]:
         # under the load Kama scales out under: two streams on the first replica
         with streams(f"http://{pods.ips[cold]}:{LLAMA_PORT}", "any", 2, headers=auth):
             time.sleep(1)  # both streams generating
+            cpu = read_cpu()
             started = scale_plain(stack, namespace, 2)
             (second,) = pods.wait(new_ready({cold}), timeout=120)
+            used = cpu_between(cpu, read_cpu())
         marks = pods.seen[second]
         out["scale_out"] = marks["ready"] - started
+        out |= {f"cpu {part}": seconds for part, seconds in used.items()}
         out |= {f"scale_out_{phase}": marks[phase] - started for phase in ("created", "running")}
         scale_plain(stack, namespace, 0)
         pods.wait(lambda seen: all("deleted" in m for m in seen.values()), timeout=120)
@@ -299,6 +310,17 @@ def plain_phases(trial: dict[str, float]) -> dict[str, float]:
         "running": trial["scale_out_running"],
         "ready": trial["scale_out"],
     }
+
+
+def cpu_medians(trials: list[dict[str, float]]) -> dict[str, float]:
+    """Median CPU seconds of each part over the trials (0 in a trial where it was not
+    among the top parts), largest first."""
+    parts = {key for trial in trials for key in trial if key.startswith("cpu ")}
+    medians = {
+        key.removeprefix("cpu "): round(statistics.median(t.get(key, 0.0) for t in trials), 3)
+        for key in parts
+    }
+    return dict(sorted(medians.items(), key=lambda item: -item[1]))
 
 
 def kama_deployment(namespace: str, name: str, *, replicas: int, minimum: int) -> dict[str, Any]:
@@ -401,6 +423,9 @@ def test_scale_out_and_cold_start_against_a_plain_deployment(
                 "plain_0_to_1_ready_s": median([t["cold_ready"] for t in plain]),
                 "plain_0_to_1_first_byte_s": plain_cold,
                 "kama_cold_extra_s": round(cold - plain_cold, 3),
+                # CPU seconds each part of the stack used during the scale-out (Kama:
+                # from the load's start; plain: from `kubectl scale`) until Ready
+                "cpu_s": {"kama": cpu_medians(kama), "plain": cpu_medians(plain)},
             },
             "goals": {
                 "ratio_kama_vs_plain": f"<= {GOAL_SCALE_OUT_RATIO}",
