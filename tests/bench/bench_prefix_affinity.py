@@ -304,6 +304,13 @@ def ratios(least: dict[str, Any], affine: dict[str, Any]) -> dict[str, float | N
     }
 
 
+def affinity_ratio(rates: dict[str, float]) -> float | None:
+    """PrefixAffinity's rate over LeastLoad's; None when LeastLoad has none."""
+    if not rates["LeastLoad"]:
+        return None
+    return round(rates["PrefixAffinity"] / rates["LeastLoad"], 3)
+
+
 def start_deployment(control: KamaControl, namespace: str, name: str, strategy: str) -> None:
     apply(
         control.stack,
@@ -398,14 +405,10 @@ def test_prefix_affinity_against_least_load(
         "half_utilisation_users": half,
         "at_half_utilisation": ratios(sweep[half]["LeastLoad"], sweep[half]["PrefixAffinity"]),
         "capacity_requests_per_s": {s: round(rate, 3) for s, rate in capacity.items()},
-        "capacity_ratio": round(capacity["PrefixAffinity"] / capacity["LeastLoad"], 3)
-        if capacity["LeastLoad"]
-        else None,
+        "capacity_ratio": affinity_ratio(capacity),
         # the highest swept load within the limit (steps as coarse as the sweep's)
         "capacity_swept_requests_per_s": stepped,
-        "capacity_swept_ratio": round(stepped["PrefixAffinity"] / stepped["LeastLoad"], 3)
-        if stepped["LeastLoad"]
-        else None,
+        "capacity_swept_ratio": affinity_ratio(stepped),
     }
     for label, prompts, fresh in (("tenant", tenants, False), ("unique", never_again, True)):
         if label not in SCENARIOS:

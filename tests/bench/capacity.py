@@ -18,12 +18,16 @@ class LoadPoint:
     ttft_p90_ms: float
     errors: int = 0
 
+    def within(self, limit_ms: float) -> bool:
+        """Served without errors and with its p90 TTFT within `limit_ms`."""
+        return self.ttft_p90_ms <= limit_ms and not self.errors
+
 
 def capacity_within_limit(points: list[LoadPoint], *, limit_ms: float) -> float:
     """The highest requests/s of a load within `limit_ms` (and without errors); 0 when
     none is."""
     return max(
-        (p.requests_per_s for p in points if p.ttft_p90_ms <= limit_ms and not p.errors),
+        (p.requests_per_s for p in points if p.within(limit_ms)),
         default=0.0,
     )
 
@@ -37,12 +41,12 @@ def capacity_at_limit(points: list[LoadPoint], *, limit_ms: float) -> float:
     already beyond the limit: 0. A load with errors counts as beyond the limit."""
     within: LoadPoint | None = None
     for point in points:
-        if point.ttft_p90_ms <= limit_ms and not point.errors:
+        if point.within(limit_ms):
             within = point
             continue
         if within is None:
             return 0.0
-        if point.errors or point.ttft_p90_ms <= within.ttft_p90_ms:
+        if point.errors:  # no latency to interpolate towards
             return within.requests_per_s
         share = (limit_ms - within.ttft_p90_ms) / (point.ttft_p90_ms - within.ttft_p90_ms)
         rate = within.requests_per_s + share * (point.requests_per_s - within.requests_per_s)
