@@ -11,7 +11,12 @@ from typing import Final
 KEDA_MODULES: Final = frozenset({"test_keda_mode", "test_keda_stack"})
 """Modules that need KEDA's binaries (deploy/local/build-keda.sh holds a lock: their
 fixture waits for a build still running)."""
-DISRUPTIVE_MODULES: Final = ("test_node_loss", "test_outages", "test_teardown")
+DISRUPTIVE_MODULES: Final = (
+    "test_node_loss",
+    "test_control_plane_outages",
+    "test_temporal_outages",
+    "test_teardown",
+)
 """Modules that stop parts of the session stack or build and tear down stacks of their
 own, in the order they run, last."""
 LANE_NAMES: Final = ("pure", "stack", "KEDA", "disruptive")

@@ -81,7 +81,7 @@ def test_load_scales_up_then_back_down_to_zero_without_a_failed_request(
         replicas=1, runtime={"contextSize": 2048, "concurrency": 1}, resources={"cpu": "100m"},
         scaling={"minReplicas": 0, "maxReplicas": 3, "targetUtilizationPercent": 100,
                  "scaleUpWindow": "10s",
-                 "scaleDownWindow": "30s", "idleTimeout": "45s", "drainTimeout": "60s"},
+                 "scaleDownWindow": "15s", "idleTimeout": "20s", "drainTimeout": "60s"},
     )  # fmt: skip
     wait_ready(gw.control, namespace, "elastic", 1)
     api, model = client(gw), f"{namespace}/elastic"

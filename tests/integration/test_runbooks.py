@@ -58,9 +58,9 @@ SITUATIONS_RUN_ELSEWHERE = {
     ("upgrade-and-rollback.md", "upgrade"): "test_chart.py",
     ("upgrade-and-rollback.md", "rollback"): "test_chart.py",
     ("model-serving.md", "lost-node"): "test_node_loss.py",
-    ("outages.md", "temporal-down"): "test_outages.py",
-    ("outages.md", "temporal-back"): "test_outages.py",
-    ("outages.md", "apiserver-back"): "test_outages.py",
+    ("outages.md", "temporal-down"): "test_temporal_outages.py",
+    ("outages.md", "temporal-back"): "test_temporal_outages.py",
+    ("outages.md", "apiserver-back"): "test_control_plane_outages.py",
 }
 
 

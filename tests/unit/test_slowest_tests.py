@@ -35,7 +35,7 @@ def test_the_runs_wall_clock_is_shown_beside_the_summed_time() -> None:
 def test_each_lane_gets_its_time() -> None:
     xml = XML.replace(
         "</testsuite>",
-        '<testcase classname="tests.integration.test_outages" name="test_o" time="60"/>'
+        '<testcase classname="tests.integration.test_temporal_outages" name="test_o" time="60"/>'
         '<testcase classname="tests.integration.test_keda_mode" name="test_k" time="30"/>'
         "</testsuite>",
     )

@@ -1,7 +1,7 @@
 """The list+watch loop survives what an API server restart looks like to a client
 (urllib3's `ProtocolError: Response ended prematurely`, a refused connection), re-lists,
 reports objects deleted meanwhile, and a loop that dies anyway exits its process.
-The stack test `tests/integration/test_outages.py` restarts a real API server."""
+The stack test `tests/integration/test_control_plane_outages.py` restarts a real API server."""
 
 from __future__ import annotations
 
