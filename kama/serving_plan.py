@@ -9,9 +9,10 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from kama.ports import LLAMA_PORT as LLAMA_PORT
+from kama.ports import SUPERVISOR_PORT as SUPERVISOR_PORT
+
 MODELS_DIR = "/models"
-LLAMA_PORT = 8080
-SUPERVISOR_PORT = 8081
 # How the artifact at MODELS_DIR is laid out, for the supervisor's check: unset, a
 # blob published in a cache (manifest.json, READY); IN_PLACE_LAYOUT, a Direct
 # source's directory on its own claim (no manifest: the files are hashed again)

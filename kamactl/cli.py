@@ -10,7 +10,6 @@ pod supervisor). The local stack with a demo model is development tooling:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import logging
 import os
@@ -21,8 +20,9 @@ from kama.importer_protocol import TOKEN_ENV
 from kamactl.errors import TemporalSetupError
 from kamactl.logs import configure_logging
 
-if TYPE_CHECKING:  # imported where used: `kama runtime` starts every serving pod and
-    # needs neither the settings nor the Temporal SDK they bring in
+if TYPE_CHECKING:  # imported where used (asyncio too): `kama runtime` starts every
+    # serving pod, binds its probe port first thing and needs neither the settings nor
+    # the Temporal SDK they bring in
     from kama.config import Settings
 
 QUIET_COMMANDS = frozenset({"status", "version", "access-key"})  # a person reads their stdout
@@ -39,6 +39,8 @@ def _settings() -> Settings:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    import asyncio
+
     from kamactl.worker import run_worker
 
     asyncio.run(run_worker(_settings()))
@@ -46,6 +48,8 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 def _watcher(args: argparse.Namespace) -> int:
+    import asyncio
+
     from kamactl.watcher import run_watcher_process
 
     asyncio.run(run_watcher_process(_settings()))
@@ -53,6 +57,8 @@ def _watcher(args: argparse.Namespace) -> int:
 
 
 def _importer(args: argparse.Namespace) -> int:
+    import asyncio
+
     from kamactl.worker import run_importer
 
     token = os.environ.get(TOKEN_ENV, "")
@@ -122,6 +128,8 @@ def _version(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    import asyncio
+
     from kamactl.status_cmd import current_namespace, run_status
 
     namespace = None if args.all_namespaces else (args.namespace or current_namespace())
@@ -147,9 +155,13 @@ def _access_key_create(args: argparse.Namespace) -> int:
 
 
 def _runtime(args: argparse.Namespace) -> int:
+    # the probe port first, before the supervisor's imports (runtime/probe_socket.py)
+    from runtime.probe_socket import listen_for_probes, pod_ip
+
+    listener = listen_for_probes(host=pod_ip())
     from runtime.supervisor import run_runtime
 
-    return run_runtime()
+    return run_runtime(listener=listener)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -41,6 +41,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -58,10 +59,10 @@ from kama.serving_plan import (
     IN_PLACE_LAYOUT,
     LLAMA_PORT,
     MODELS_DIR,
-    SUPERVISOR_PORT,
     ServingPlan,
 )
 from kama.serving_pod import SERVING_PLAN_ENV
+from runtime.probe_socket import listen_for_probes, pod_ip
 
 log = logging.getLogger("kama.runtime")
 
@@ -350,7 +351,9 @@ class Supervisor:
                 self.child.kill()
         return self.child.wait()
 
-    def serve_probes(self) -> ThreadingHTTPServer:
+    def serve_probes(self, listener: socket.socket) -> ThreadingHTTPServer:
+        """Answer the probes (and the metrics relay) on `listener`, a listening socket
+        (`runtime.probe_socket`), in a thread; connections it already holds included."""
         supervisor = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -383,7 +386,9 @@ class Supervisor:
                 self.end_headers()
                 self.wfile.write(body)
 
-        server = ThreadingHTTPServer((self.host, SUPERVISOR_PORT), Handler)
+        server = ThreadingHTTPServer(listener.getsockname()[:2], Handler, bind_and_activate=False)
+        server.socket.close()
+        server.socket, server.server_address = listener, listener.getsockname()[:2]
         server.daemon_threads = True
         threading.Thread(target=server.serve_forever, name="probes", daemon=True).start()
         return server
@@ -407,10 +412,13 @@ def _stop_for(supervisor: Supervisor, *, server: ThreadingHTTPServer, failure: s
     return OFFLOAD_FAILED_EXIT
 
 
-def run_runtime() -> int:
+def run_runtime(*, listener: socket.socket | None = None) -> int:
+    """The serving pod's process, answering probes on `listener` (bound here if not
+    given: `kama runtime` binds it before importing this module)."""
+    listener = listener or listen_for_probes(host=pod_ip())
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     plan = ServingPlan.from_json(os.environ[SERVING_PLAN_ENV])
-    host = os.environ.get("POD_IP", "127.0.0.1")
+    host = pod_ip()
     models = Path(os.environ.get("KAMA_MODELS_DIR", MODELS_DIR))
     in_place = os.environ.get(ARTIFACT_LAYOUT_ENV) == IN_PLACE_LAYOUT
     supervisor = Supervisor(
@@ -423,7 +431,7 @@ def run_runtime() -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    server = supervisor.serve_probes()  # first: probes wait for the start, not a closed port
+    server = supervisor.serve_probes(listener)  # first: probes wait for the start
     try:
         check_artifact(directory=models, plan=plan, in_place=in_place)
         for extra in (plan.draft, *plan.adapter_artifacts):

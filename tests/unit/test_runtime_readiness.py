@@ -7,6 +7,7 @@ draining, probes answer at once. The pod is live while its artifact is checked."
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import threading
 import time
@@ -17,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from kama.serving_plan import LLAMA_PORT, ServingPlan
+from kama.serving_plan import LLAMA_PORT, SUPERVISOR_PORT, ServingPlan
+from runtime.probe_socket import listen_for_probes
 from runtime.supervisor import LOADING_WAIT_S, Supervisor
 
 HOST = "127.0.77.1"  # a loopback address of its own: LLAMA_PORT is fixed
@@ -119,3 +121,29 @@ def test_a_probe_during_the_artifact_check_waits_through_the_start(tmp_path: Pat
         supervisor.child.kill()
         supervisor.child.wait()
     assert not supervisor.alive(), "llama-server gone: not live"
+
+
+@pytest.mark.usefixtures("loading_llama_server")
+def test_a_probe_that_comes_before_the_supervisor_runs_is_held_not_refused(
+    supervisor: Supervisor,
+) -> None:
+    """`kama runtime` binds the probe port before it imports the supervisor: a readiness
+    probe that connects in between waits in the port's backlog and is answered by the
+    supervisor once it serves, here ready as soon as llama-server has loaded (the
+    kubelet would otherwise send the next probe a period later)."""
+    listener = listen_for_probes(host=HOST)
+    probe = socket.create_connection((HOST, SUPERVISOR_PORT), timeout=LOADING_WAIT_S + 1)
+    server = None
+    try:
+        probe.sendall(b"GET /readyz HTTP/1.1\r\nHost: pod\r\nConnection: close\r\n\r\n")
+        time.sleep(0.1)  # the supervisor's own start, still importing
+        server = supervisor.serve_probes(listener)
+        answer = b"".join(iter(lambda: probe.recv(4096), b""))
+    finally:
+        probe.close()
+        if server is not None:
+            server.shutdown()
+        listener.close()
+    status, _, body = answer.partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.0 200"), answer
+    assert json.loads(body) == {"ok": True, "reason": "ready"}
