@@ -36,6 +36,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,7 @@ from kama.contracts import DEPLOYMENTS
 from kama.serving_plan import LLAMA_PORT
 from kamadev.gguf_factory import ModelShape, write_model
 from kamadev.stack import LocalStack
-from tests.bench.bench_gateway import record
+from tests.bench.bench_gateway import RESULTS, record
 from tests.bench.cpu_use import cpu_between, read_cpu
 from tests.conftest import GatewayProcess
 from tests.integration.test_artifact_plane import cache, hf_artifact, wait_condition
@@ -72,6 +73,7 @@ PLAIN = "plain"
 GOAL_SCALE_OUT_RATIO = 1.2
 GOAL_COLD_START_EXTRA_S = 0.3
 PROMPT = {"prompt": "go", "max_tokens": 4, "stream": True}
+LOGS = RESULTS / "scale_out_logs"
 
 
 class PodEvents:
@@ -203,8 +205,52 @@ def new_ready(before: set[str], count: int = 1) -> Callable[[dict[str, dict[str,
     return until
 
 
-def kama_scale_out(gw: GatewayProcess, namespace: str, name: str) -> dict[str, float]:
-    """Phase times (seconds after the load began) of one Kama scale-out 1 -> 2."""
+LOG_MARKS = {
+    "runtime_started_llama": "starting llama-server",
+    "llama_listening": "server is listening",
+    "runtime_saw_ready": "llama-server ready",
+}
+"""Lines of a serving pod's log that time its start (the runtime's own, and
+llama-server's that it relays), by what they mark."""
+
+
+def start_timeline(
+    stack: LocalStack, namespace: str, pod: str, *, started: float, beside: str
+) -> dict[str, Any]:
+    """Why a new pod's Running -> Ready took what it took: when its log's `LOG_MARKS`
+    lines were written (the container runtime's timestamps, as seconds after `started`,
+    a time.perf_counter()), its node and that of the replica already serving (`beside`), and the kubelet's failed readiness probes (its
+    Unhealthy Events' messages). The whole log, timestamped, is kept in
+    bench-results/scale_out_logs/."""
+    core = stack.core()
+    perf_minus_wall = time.perf_counter() - time.time()
+    log = core.read_namespaced_pod_log(
+        pod, namespace, container="runtime", timestamps=True, limit_bytes=1 << 20
+    )
+    LOGS.mkdir(parents=True, exist_ok=True)
+    (LOGS / f"{pod}.log").write_text(log)
+    marks: dict[str, Any] = {
+        key: core.read_namespaced_pod(name, namespace).spec.node_name
+        for key, name in (("node", pod), ("beside_node", beside))
+    }
+    for line in log.splitlines():
+        stamp, _, text = line.partition(" ")
+        for mark, words in LOG_MARKS.items():
+            if mark not in marks and words in text:
+                wall = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+                marks[mark] = round(wall + perf_minus_wall - started, 3)
+    events = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={pod}")
+    marks["probe_failures"] = [
+        f"{e.count or 1}x {e.message}" for e in events.items if e.reason == "Unhealthy"
+    ]
+    return marks
+
+
+def kama_scale_out(
+    gw: GatewayProcess, namespace: str, name: str
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """Phase times (seconds after the load began) of one Kama scale-out 1 -> 2, and the
+    new pod's `start_timeline`."""
     stack = gw.control.stack
     before = {p["metadata"]["name"] for p in serving_pods(gw.control, namespace, name)}
     pods = PodEvents(stack, namespace, f"kama.dev/deployment={name}")
@@ -221,7 +267,7 @@ def kama_scale_out(gw: GatewayProcess, namespace: str, name: str) -> dict[str, f
             "scaled": replicas.reached[2] - started,
             **{phase: marks[phase] - started for phase in ("created", "running", "ready")},
             **{f"cpu {part}": seconds for part, seconds in used.items()},
-        }
+        }, start_timeline(stack, namespace, new, started=started, beside=min(before))
     finally:
         pods.stop()
         replicas.stop()
@@ -236,9 +282,10 @@ def scale_plain(stack: LocalStack, namespace: str, replicas: int) -> float:
     return started
 
 
-def plain_trial(stack: LocalStack, namespace: str) -> dict[str, float]:
+def plain_trial(stack: LocalStack, namespace: str) -> tuple[dict[str, float], dict[str, Any]]:
     """The plain Deployment, at zero: scaled 0 -> 1 (to Ready, and the first byte of a
-    request straight to the pod), then 1 -> 2 (to Ready), then back to zero."""
+    request straight to the pod), then 1 -> 2 (to Ready), then back to zero; and the
+    second pod's `start_timeline`."""
     pods = PodEvents(stack, namespace, f"bench={PLAIN}")
     try:
         time.sleep(1)  # the watch has listed (nothing: the Deployment is at zero)
@@ -265,9 +312,10 @@ def plain_trial(stack: LocalStack, namespace: str) -> dict[str, float]:
         out["scale_out"] = marks["ready"] - started
         out |= {f"cpu {part}": seconds for part, seconds in used.items()}
         out |= {f"scale_out_{phase}": marks[phase] - started for phase in ("created", "running")}
+        timeline = start_timeline(stack, namespace, second, started=started, beside=cold)
         scale_plain(stack, namespace, 0)
         pods.wait(lambda seen: all("deleted" in m for m in seen.values()), timeout=120)
-        return out
+        return out, timeline
     finally:
         pods.stop()
 
@@ -378,15 +426,20 @@ def test_scale_out_and_cold_start_against_a_plain_deployment(
     kama: list[dict[str, float]] = []
     plain: list[dict[str, float]] = []
     kama_cold: list[float] = []
+    timelines: dict[str, list[dict[str, Any]]] = {"kama": [], "plain": []}
     for number in range(TRIALS):  # a fresh deployment each: no demand left from before
         name = f"scaler-{number}"
         apply(control.stack, kama_deployment(namespace, name, replicas=1, minimum=1))
         wait_ready(control, namespace, name, 1)
         if number == 0:  # the plain Deployment (at zero) runs Kama's own serving pod
             apply(control.stack, plain_deployment(serving_pods(control, namespace, name)[0]))
-        kama.append(kama_scale_out(gw, namespace, name))
+        phases, timeline = kama_scale_out(gw, namespace, name)
+        kama.append(phases)
+        timelines["kama"].append(timeline)
         gone(gw, namespace, name)
-        plain.append(plain_trial(control.stack, namespace))
+        phases, timeline = plain_trial(control.stack, namespace)
+        plain.append(phases)
+        timelines["plain"].append(timeline)
         kama_cold.append(kama_cold_first_byte(gw, namespace, f"cold-{number}"))
     kubectl(control.stack, "delete", "deployment", PLAIN, "-n", namespace, "--wait=false")
 
@@ -404,6 +457,9 @@ def test_scale_out_and_cold_start_against_a_plain_deployment(
                 "kama_scale_out": [{k: round(v, 3) for k, v in t.items()} for t in kama],
                 "plain": [{k: round(v, 3) for k, v in t.items()} for t in plain],
                 "kama_cold_first_byte_s": [round(v, 3) for v in kama_cold],
+                # each new pod's log marks and failed readiness probes, seconds after
+                # the same start as its phases
+                "start_timelines": timelines,
             },
             "scale_up_window_s": SCALE_UP_WINDOW_S,
             "median": {
