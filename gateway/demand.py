@@ -3,8 +3,7 @@ requests in flight to the model plus those it queues (for a replica at zero or a
 slot), with the in-flight count per serving pod.
 
 Reports are sent economically (`ReportSchedule`): a rise at once (sampled as soon as
-a request arrives and the burst it began has paused, at most one report per
-MIN_GAP_S), a fall or an unchanged non-zero demand once a period
+a request arrives, at most one report per MIN_GAP_S), a fall or an unchanged non-zero demand once a period
 (`kama.autoscaling.report_period`, derived from the model's idleTimeout and
 scaleDownWindow, 5 s to 60 s), as the peak seen during that period, and nothing at
 rest. A steady load therefore costs one Temporal action per model per period instead
@@ -35,11 +34,7 @@ from kama.contracts import DemandReport
 log = logging.getLogger("kama.gateway")
 
 SAMPLE_INTERVAL_S = 1.0  # without arrivals: falls, steady load and stale peaks
-# a burst's arrivals are one sample: it has ended when none came for RISE_QUIET_S, and
-# one that goes on is sampled RISE_COALESCE_S after it began (a lone request, or a few
-# at once, is reported 30 ms after it arrived, not 200)
-RISE_QUIET_S = 0.03
-RISE_COALESCE_S = 0.2
+RISE_COALESCE_S = 0.2  # arrivals this close together (a burst) are one sample
 MIN_GAP_S = 2.0  # between two reports of one model
 # a stalled Temporal must not stall the reports of every other model behind one call
 REPORT_RPC_TIMEOUT = timedelta(seconds=2)
@@ -142,19 +137,13 @@ async def next_sample(registry: ModelRegistry, *, within: float, clock: Clock) -
     """Wait until a request arrives (a rise is worth telling the workflow at once:
     its scale-up window starts at the arrival) or `within` seconds pass (the sample
     interval, or less when a rise held back by MIN_GAP_S may go out sooner); when the
-    arrival that ended the wait came (on `clock`), None if none did. The arrivals that
-    follow it, each within RISE_QUIET_S of the one before, join it for at most
-    RISE_COALESCE_S, within the same `within`."""
+    arrival that ended the wait came (on `clock`), None if none did. The arrivals of
+    the next RISE_COALESCE_S join it, within the same `within`."""
     deadline = clock.now() + within
     arrived: float | None = None
     if await wait_for_event(registry.demand_rose, within=within, clock=clock):
         arrived = clock.now()
-        until = min(arrived + RISE_COALESCE_S, deadline)
-        registry.demand_rose.clear()
-        while (left := until - clock.now()) > 0 and await wait_for_event(
-            registry.demand_rose, within=min(RISE_QUIET_S, left), clock=clock
-        ):
-            registry.demand_rose.clear()
+        await clock.sleep(min(RISE_COALESCE_S, deadline - arrived))
     registry.demand_rose.clear()
     return arrived
 

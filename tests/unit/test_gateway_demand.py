@@ -15,7 +15,6 @@ from temporalio.client import Client
 from gateway.demand import (
     MIN_GAP_S,
     RISE_COALESCE_S,
-    RISE_QUIET_S,
     SAMPLE_INTERVAL_S,
     ReportSchedule,
     current_demand,
@@ -165,34 +164,13 @@ async def test_a_request_arriving_is_reported_at_once_not_at_the_next_interval()
         assert lease is not None
         await clock.advance_until(lambda: bool(recorder.sent), within=SAMPLE_INTERVAL_S)
         [(sent_at, workflow_id, signal, report)] = recorder.sent
-        # once the burst it began is quiet (no other arrival), not the sample interval
-        assert sent_at - arrived == pytest.approx(RISE_QUIET_S)
+        # the burst's coalescing, not the sample interval
+        assert sent_at - arrived == pytest.approx(RISE_COALESCE_S)
         assert workflow_id.startswith("deployment/ns/chat/") and signal == DEMAND
         assert (report.gateway, report.in_flight, report.queued) == ("gw", 1, 0)
         # the workflow dates the rise from the arrival, not from the coalesced report
-        assert report.risen_for_s == pytest.approx(RISE_QUIET_S)
+        assert report.risen_for_s == pytest.approx(RISE_COALESCE_S)
         lease.release()
-
-
-async def test_a_burst_is_one_report_of_its_arrivals_however_long_it_goes_on() -> None:
-    """Arrivals each within RISE_QUIET_S of the one before are one burst: one report,
-    sent RISE_COALESCE_S after the burst began even while it goes on, counting every
-    request that arrived by then (the next may follow only MIN_GAP_S later)."""
-    registry, model = chat_registry()
-    registry.apply_pod("ADDED", pod("p2", ip="10.0.0.3", slots=32))  # a slot for each
-    async with reporting(registry) as (recorder, clock):
-        await clock.advance(0.1)
-        arrived, leases = clock.now(), []
-        while clock.now() - arrived < 0.5:
-            leases.append(registry.acquire(model, route="chat", exclude=(), now=0.0))
-            await clock.advance(RISE_QUIET_S * 2 / 3)
-        [(sent_at, _, _, report)] = recorder.sent
-        assert sent_at - arrived == pytest.approx(RISE_COALESCE_S)
-        by_then = 1 + int(RISE_COALESCE_S / (RISE_QUIET_S * 2 / 3) + 1e-9)
-        assert report.in_flight == by_then, f"{report.in_flight} of the {by_then} arrived"
-        for lease in leases:
-            assert lease is not None
-            lease.release()
 
 
 def test_a_rise_held_back_by_the_gap_is_due_when_the_gap_ends() -> None:
