@@ -138,12 +138,13 @@ async def next_sample(registry: ModelRegistry, *, within: float, clock: Clock) -
     its scale-up window starts at the arrival) or `within` seconds pass (the sample
     interval, or less when a rise held back by MIN_GAP_S may go out sooner); when the
     arrival that ended the wait came (on `clock`), None if none did. The arrivals of
-    the next RISE_COALESCE_S join it, within the same `within`."""
-    deadline = clock.now() + within
+    the next RISE_COALESCE_S join it, even past `within` (a sample due meanwhile
+    would cut the burst short: its report would miss requests, and reach the workflow
+    before a scaleUpWindow shorter than the coalescing has passed)."""
     arrived: float | None = None
     if await wait_for_event(registry.demand_rose, within=within, clock=clock):
         arrived = clock.now()
-        await clock.sleep(min(RISE_COALESCE_S, deadline - arrived))
+        await clock.sleep(RISE_COALESCE_S)
     registry.demand_rose.clear()
     return arrived
 

@@ -27,26 +27,29 @@ plane being measured."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import itertools
+import json
 import statistics
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 from kubernetes import client as k8s
 from kubernetes import watch
+from temporalio.client import Client
 from urllib3.exceptions import ProtocolError
 
 from kama.api import GROUP, VERSION
-from kama.contracts import DEPLOYMENTS
+from kama.contracts import DEMAND, DEPLOYMENTS
 from kama.serving_plan import LLAMA_PORT
 from kamadev.gguf_factory import ModelShape, write_model
 from kamadev.stack import LocalStack
@@ -74,6 +77,7 @@ GOAL_SCALE_OUT_RATIO = 1.2
 GOAL_COLD_START_EXTRA_S = 0.3
 PROMPT = {"prompt": "go", "max_tokens": 4, "stream": True}
 LOGS = RESULTS / "scale_out_logs"
+SET_REPLICAS = "Set deployment replicas"  # the activity that writes spec.replicas
 
 
 class PodEvents:
@@ -246,6 +250,41 @@ def start_timeline(
     return marks
 
 
+def demand_heard(
+    stack: LocalStack, namespace: str, name: str, *, started: float
+) -> list[dict[str, Any]]:
+    """What the deployment's workflow heard and did, from its histories: each `demand`
+    signal (when, seconds after `started`, and its in-flight, queued and risen-for) and
+    each `spec.replicas` write it scheduled; a scale-out slower than its demand says
+    whether the report came late or the decision did."""
+
+    async def read() -> list[dict[str, Any]]:
+        client = await Client.connect(stack.temporal.address)
+        query = (
+            f"KamaNamespace = '{namespace}' AND KamaName = '{name}' "
+            "AND WorkflowType = 'Keep model deployment'"
+        )
+        offset = time.perf_counter() - time.time() - started
+        heard = []
+        async for execution in client.list_workflows(query):
+            handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
+            async for event in handle.fetch_history_events():
+                at = round(event.event_time.ToDatetime(tzinfo=UTC).timestamp() + offset, 3)
+                if event.HasField("workflow_execution_signaled_event_attributes"):
+                    signal = event.workflow_execution_signaled_event_attributes
+                    if signal.signal_name == DEMAND:
+                        report = json.loads(signal.input.payloads[0].data)
+                        keys = ("in_flight", "queued", "risen_for_s")
+                        heard.append({"at": at, "demand": {k: report.get(k) for k in keys}})
+                elif event.HasField("activity_task_scheduled_event_attributes"):
+                    activity = event.activity_task_scheduled_event_attributes.activity_type.name
+                    if activity == SET_REPLICAS:
+                        heard.append({"at": at, "scheduled": activity})
+        return sorted(heard, key=lambda h: float(h["at"]))
+
+    return asyncio.run(read())
+
+
 def kama_scale_out(
     gw: GatewayProcess, namespace: str, name: str
 ) -> tuple[dict[str, float], dict[str, Any]]:
@@ -267,7 +306,14 @@ def kama_scale_out(
             "scaled": replicas.reached[2] - started,
             **{phase: marks[phase] - started for phase in ("created", "running", "ready")},
             **{f"cpu {part}": seconds for part, seconds in used.items()},
-        }, start_timeline(stack, namespace, new, started=started, beside=min(before))
+        }, {
+            **start_timeline(stack, namespace, new, started=started, beside=min(before)),
+            "workflow_heard": [
+                h
+                for h in demand_heard(stack, namespace, name, started=started)
+                if float(h["at"]) >= -5
+            ],
+        }
     finally:
         pods.stop()
         replicas.stop()

@@ -173,6 +173,29 @@ async def test_a_request_arriving_is_reported_at_once_not_at_the_next_interval()
         lease.release()
 
 
+async def test_a_request_just_before_a_sample_is_coalesced_all_the_same() -> None:
+    """A burst that begins just before the reporter's next sample is coalesced for the
+    whole RISE_COALESCE_S too: cut short, its report named too few of its requests or
+    reached the workflow before a short scaleUpWindow had passed, and the workflow's
+    next look (a Temporal timer, which fires a second later at the soonest) held a
+    scale-out back by a second (bench_scale_out, 2026-12-05)."""
+    registry, model = chat_registry()
+    async with reporting(registry) as (recorder, clock):
+        await clock.advance(SAMPLE_INTERVAL_S - 0.05)  # the next sample is 50 ms away
+        arrived = clock.now()
+        first = registry.acquire(model, route="chat", exclude=(), now=0.0)
+        await clock.advance(0.1)  # the burst's second request, after that sample was due
+        second = registry.acquire(model, route="chat", exclude=(), now=0.0)
+        await clock.advance_until(lambda: bool(recorder.sent), within=SAMPLE_INTERVAL_S)
+        [(sent_at, _, _, report)] = recorder.sent
+        assert sent_at - arrived == pytest.approx(RISE_COALESCE_S)
+        assert report.risen_for_s == pytest.approx(RISE_COALESCE_S)
+        assert report.in_flight == 2, "both of the burst's requests"
+        for lease in (first, second):
+            assert lease is not None
+            lease.release()
+
+
 def test_a_rise_held_back_by_the_gap_is_due_when_the_gap_ends() -> None:
     schedule = ReportSchedule()
     assert schedule.sample(1, now=10.0, period_s=PERIOD) == 1
