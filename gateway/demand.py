@@ -69,6 +69,12 @@ class ReportSchedule:
         self.sent, self.sent_at = demand, now
         return demand
 
+    def undelivered(self, *, before: int) -> None:
+        """The report just sent did not reach the workflow: if it was a rise, the
+        demand `before` it stands as the last reported, so the rise goes out again
+        after MIN_GAP_S (not a report period later, up to a minute)."""
+        self.sent = min(self.sent, before)
+
 
 def queued_now(model: Model) -> int:
     """Requests this gateway holds for a replica (at zero) or for a free slot."""
@@ -130,7 +136,8 @@ async def report_demand(
                 report = replace(report, in_flight=report.in_flight + demand - report.demand)
             if arrived is not None and demand > reported:  # a rise the arrival began
                 report = replace(report, risen_for_s=round(clock.now() - arrived, 3))
-            await _signal(client, model=model, cluster=cluster, report=report)
+            if not await _signal(client, model=model, cluster=cluster, report=report):
+                schedule.undelivered(before=reported)
 
 
 async def next_sample(registry: ModelRegistry, *, within: float, clock: Clock) -> float | None:
@@ -149,7 +156,9 @@ async def next_sample(registry: ModelRegistry, *, within: float, clock: Clock) -
     return arrived
 
 
-async def _signal(client: Client, *, model: Model, cluster: str, report: DemandReport) -> None:
+async def _signal(client: Client, *, model: Model, cluster: str, report: DemandReport) -> bool:
+    """Send `report`; False when it did not arrive and is worth sending again (a
+    model without a workflow has no one to tell: its wake starts one)."""
     try:
         await workflow_client.report_demand(
             client,
@@ -158,7 +167,11 @@ async def _signal(client: Client, *, model: Model, cluster: str, report: DemandR
             rpc_timeout=REPORT_RPC_TIMEOUT,
         )
     except RPCError as exc:
-        if exc.status != RPCStatusCode.NOT_FOUND:
-            log.warning("reporting demand for %s failed: %s", model.key, exc)
-    except Exception as exc:  # Temporal away: report again next period
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return True
         log.warning("reporting demand for %s failed: %s", model.key, exc)
+        return False
+    except Exception as exc:  # Temporal away: a rise again after the gap, the rest next period
+        log.warning("reporting demand for %s failed: %s", model.key, exc)
+        return False
+    return True

@@ -11,6 +11,7 @@ from typing import cast
 
 import pytest
 from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
 
 from gateway.demand import (
     MIN_GAP_S,
@@ -118,6 +119,8 @@ class SignalRecorder:
     def __init__(self, clock: ManualClock) -> None:
         self.clock = clock
         self.sent: list[tuple[float, str, str, DemandReport]] = []
+        self.failures: list[float] = []  # when each signal that failed was tried
+        self.fail_next = 0  # signals to fail (Temporal unavailable) before the next is sent
 
     def get_workflow_handle(self, workflow_id: str) -> SignalRecorder.Handle:
         return SignalRecorder.Handle(self, workflow_id)
@@ -127,6 +130,10 @@ class SignalRecorder:
             self.recorder, self.workflow_id = recorder, workflow_id
 
         async def signal(self, signal: str, report: DemandReport, **_options: object) -> None:
+            if self.recorder.fail_next > 0:
+                self.recorder.fail_next -= 1
+                self.recorder.failures.append(self.recorder.clock.now())
+                raise RPCError("unavailable", RPCStatusCode.UNAVAILABLE, b"")
             sent = (self.recorder.clock.now(), self.workflow_id, signal, report)
             self.recorder.sent.append(sent)
 
@@ -194,6 +201,26 @@ async def test_a_request_just_before_a_sample_is_coalesced_all_the_same() -> Non
         for lease in (first, second):
             assert lease is not None
             lease.release()
+
+
+async def test_a_rise_whose_report_failed_is_reported_again_after_the_gap() -> None:
+    """A rise's report that does not reach the workflow (Temporal unavailable, an RPC
+    timeout) is sent again once MIN_GAP_S has passed, not a report period later: the
+    schedule had counted it as told, and a scale-out waited for the period's report
+    of the peak (up to a minute)."""
+    registry, model = chat_registry()
+    assert model.report_period_s > MIN_GAP_S + RISE_COALESCE_S + SAMPLE_INTERVAL_S
+    async with reporting(registry) as (recorder, clock):
+        recorder.fail_next = 1
+        await clock.advance(0.1)
+        lease = registry.acquire(model, route="chat", exclude=(), now=0.0)
+        await clock.advance_until(lambda: bool(recorder.sent), within=model.report_period_s)
+        [failed] = recorder.failures
+        [(sent_at, _, _, report)] = recorder.sent
+        assert sent_at - failed == pytest.approx(MIN_GAP_S)
+        assert report.demand == 1
+        assert lease is not None
+        lease.release()
 
 
 def test_a_rise_held_back_by_the_gap_is_due_when_the_gap_ends() -> None:
