@@ -1,12 +1,13 @@
 """The supervisor's probe port, bound before anything else of `kama runtime` is
-imported. The kubelet probes readiness as soon as it sees the container running, and
-again when that probe's result changes; a probe that meets a closed port is refused,
-and the next comes a whole probe period (1 s) later. Bound and listening within a few
-milliseconds of the start, the port takes such a probe into its backlog, and the
-supervisor answers it once it runs: held until llama-server has loaded
-(`Supervisor.ready_when_loaded`). Measured before this (bench_scale_out, 2026-12-05):
-the first probe was refused in all 6 new pods, and 4 of them were Ready 0.8 s after
-llama-server was."""
+imported. The kubelet probes readiness when it sees the container start, and again at
+the pod's next sync or a probe period (1 s) later; a probe that meets a closed port is
+refused and waits for the next. Bound and listening as early as the process can, the
+port takes a probe that arrives while the runtime starts into its backlog, and the
+supervisor answers it once it runs, held until llama-server has loaded
+(`Supervisor.ready_when_loaded`). The very first probe comes about 5 ms after the
+container starts (bench_scale_out with the kubelet's log at -v=4, 2026-12-05), before
+any Python process listens, so it is still refused; what this saves is the probes of
+the next syncs, which came during the imports."""
 
 from __future__ import annotations
 
