@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import subprocess
+import warnings
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -40,6 +41,14 @@ TEST_SERVER_STARTUP = timedelta(seconds=60)  # a JVM on two busy cores
 # cores shared with the stack tests that once took longer than the client's default
 # deadline for a call (30 s). A sleep gets longer, and says what held time if it fails.
 SLEEP_DEADLINE = timedelta(minutes=2)
+STALL_NOTICE = timedelta(seconds=10)
+"""A sleep still running after this much wall-clock time warns with what the open
+workflows wait on (a sleep takes milliseconds to a few seconds; stalls that recovered,
+like a 66 s one on 2026-12-05, said nothing before)."""
+
+
+class StalledVirtualTime(UserWarning):
+    """Virtual time took long to pass: the candidates for what held it."""
 
 
 def install_test_server() -> str:
@@ -157,10 +166,20 @@ class TimeSkippingServer:
         request = SleepRequest()
         request.duration.FromTimedelta(duration)
         client = self.env.client
+        sleeping = asyncio.ensure_future(
+            client.test_service.unlock_time_skipping_with_sleep(request, timeout=SLEEP_DEADLINE)
+        )
         try:
-            await client.test_service.unlock_time_skipping_with_sleep(
-                request, timeout=SLEEP_DEADLINE
-            )
+            done, _ = await asyncio.wait({sleeping}, timeout=STALL_NOTICE.total_seconds())
+            if not done:
+                warnings.warn(
+                    StalledVirtualTime(
+                        f"{duration} of virtual time had not passed after {STALL_NOTICE} of "
+                        f"wall-clock time; open workflows: {await holding_time(client)}"
+                    ),
+                    stacklevel=2,
+                )
+            await sleeping
         except RPCError as exc:
             raise AssertionError(
                 f"{duration} of virtual time did not pass within {SLEEP_DEADLINE} of wall-clock "
