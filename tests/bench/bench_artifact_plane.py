@@ -46,6 +46,7 @@ from workflows.import_model import ImportInput, ImportWorkflow
 GIB = 1 << 30
 MIB = 1 << 20
 HUB_BANDWIDTH = 200 * MIB  # bytes/s: 1.6 Gbit/s, faster than most links to the Hub
+REPO, FILE = "acme/big", "big.gguf"  # the model the import benchmark serves from the Hub
 RESULTS = REPO_ROOT / "bench-results"
 
 
@@ -139,13 +140,13 @@ async def activity_seconds(handle: WorkflowHandle[Any, Any]) -> dict[str, float]
 
 async def test_import_vs_download_only(tmp_path: Path, temporal_server: TemporalEndpoints) -> None:
     shape = ModelShape(n_layer=4, n_embd=4096, n_ff=8192, n_head=32, n_head_kv=8, file_type="F16")
-    model = write_model(tmp_path / "big.gguf", shape=shape)
+    model = write_model(tmp_path / FILE, shape=shape)
     assert model.stat().st_size >= GIB
     hub = HubFixture()
     hub.start()
     try:
-        commit = hub.add_repo("acme/big", {"big.gguf": model})
-        url = hf_hub_url("acme/big", "big.gguf", revision=commit, endpoint=hub.url)
+        commit = hub.add_repo(REPO, {FILE: model})
+        url = hf_hub_url(REPO, FILE, revision=commit, endpoint=hub.url)
         client = await Client.connect(temporal_server.address)
         queue = f"bench-{uuid.uuid4().hex[:6]}"
         results: dict[str, dict[str, Any]] = {}
@@ -191,11 +192,11 @@ async def compare(
     breakdowns: list[dict[str, float]] = []
     for round_ in range(2):
         if bandwidth:
-            hub.inject("acme/big", "big.gguf", Fault(bytes_per_second=bandwidth, times=2))
+            hub.inject(REPO, FILE, Fault(bytes_per_second=bandwidth, times=2))
         download_s.append(plain_download(url, work / "plain"))
         request = ImportInput(
             operation_id=f"bench-{uuid.uuid4().hex[:6]}",
-            source=HubSource(repo="acme/big", revision="main", files=["big.gguf"]),
+            source=HubSource(repo=REPO, revision="main", files=[FILE]),
             cache_root=str(work / f"cache-{round_}"),
             importer_task_queue=queue,
         )
@@ -206,7 +207,7 @@ async def compare(
         result = await handle.result()
         import_s.append(time.perf_counter() - t0)
         breakdowns.append(await activity_seconds(handle))
-        assert result.artifact.total_size == (work / "big.gguf").stat().st_size
+        assert result.artifact.total_size == (work / FILE).stat().st_size
         shutil.rmtree(work / f"cache-{round_}")
     return {
         "download_written_back_s": round(min(download_s), 2),

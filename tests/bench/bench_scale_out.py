@@ -78,6 +78,7 @@ GOAL_COLD_START_EXTRA_S = 0.3
 PROMPT = {"prompt": "go", "max_tokens": 4, "stream": True}
 LOGS = RESULTS / "scale_out_logs"
 SET_REPLICAS = "Set deployment replicas"  # the activity that writes spec.replicas
+HEARD_BEFORE_S = 5  # how long before a scale-out the workflow's history is shown
 
 
 class PodEvents:
@@ -211,23 +212,28 @@ def new_ready(before: set[str], count: int = 1) -> Callable[[dict[str, dict[str,
 
 LOG_MARKS = {
     "runtime_started_llama": "starting llama-server",
-    "llama_listening": "server is listening",
+    "llama_listening": "llama_server: listening on",
     "runtime_saw_ready": "llama-server ready",
 }
 """Lines of a serving pod's log that time its start (the runtime's own, and
 llama-server's that it relays), by what they mark."""
 
 
+def after_start(wall_s: float, *, started: float) -> float:
+    """A wall-clock time (seconds since the epoch) as seconds after `started`, a
+    time.perf_counter()."""
+    return round(wall_s + time.perf_counter() - time.time() - started, 3)
+
+
 def start_timeline(
     stack: LocalStack, namespace: str, pod: str, *, started: float, beside: str
 ) -> dict[str, Any]:
     """Why a new pod's Running -> Ready took what it took: when its log's `LOG_MARKS`
-    lines were written (the container runtime's timestamps, as seconds after `started`,
-    a time.perf_counter()), its node and that of the replica already serving (`beside`), and the kubelet's failed readiness probes (its
-    Unhealthy Events' messages). The whole log, timestamped, is kept in
-    bench-results/scale_out_logs/."""
+    lines were written (the container runtime's timestamps, `after_start`), its node
+    and that of the replica already serving (`beside`), and the kubelet's failed
+    readiness probes (its Unhealthy Events' messages). The whole log, timestamped, is
+    kept in bench-results/scale_out_logs/."""
     core = stack.core()
-    perf_minus_wall = time.perf_counter() - time.time()
     log = core.read_namespaced_pod_log(
         pod, namespace, container="runtime", timestamps=True, limit_bytes=1 << 20
     )
@@ -242,7 +248,7 @@ def start_timeline(
         for mark, words in LOG_MARKS.items():
             if mark not in marks and words in text:
                 wall = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-                marks[mark] = round(wall + perf_minus_wall - started, 3)
+                marks[mark] = after_start(wall, started=started)
     events = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={pod}")
     marks["probe_failures"] = [
         f"{e.count or 1}x {e.message}" for e in events.items if e.reason == "Unhealthy"
@@ -253,10 +259,11 @@ def start_timeline(
 def demand_heard(
     stack: LocalStack, namespace: str, name: str, *, started: float
 ) -> list[dict[str, Any]]:
-    """What the deployment's workflow heard and did, from its histories: each `demand`
-    signal (when, seconds after `started`, and its in-flight, queued and risen-for) and
-    each `spec.replicas` write it scheduled; a scale-out slower than its demand says
-    whether the report came late or the decision did."""
+    """What the deployment's workflow heard and did around the scale-out (from
+    HEARD_BEFORE_S before `started`), from its histories: each `demand` signal (when,
+    `after_start`, and its in-flight, queued and risen-for) and each `spec.replicas`
+    write it scheduled; a scale-out slower than its demand says whether the report came
+    late or the decision did."""
 
     async def read() -> list[dict[str, Any]]:
         client = await Client.connect(stack.temporal.address)
@@ -264,12 +271,15 @@ def demand_heard(
             f"KamaNamespace = '{namespace}' AND KamaName = '{name}' "
             "AND WorkflowType = 'Keep model deployment'"
         )
-        offset = time.perf_counter() - time.time() - started
-        heard = []
+        heard: list[dict[str, Any]] = []
         async for execution in client.list_workflows(query):
             handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
             async for event in handle.fetch_history_events():
-                at = round(event.event_time.ToDatetime(tzinfo=UTC).timestamp() + offset, 3)
+                at = after_start(
+                    event.event_time.ToDatetime(tzinfo=UTC).timestamp(), started=started
+                )
+                if at < -HEARD_BEFORE_S:  # the deployment's first rollout
+                    continue
                 if event.HasField("workflow_execution_signaled_event_attributes"):
                     signal = event.workflow_execution_signaled_event_attributes
                     if signal.signal_name == DEMAND:
@@ -308,11 +318,7 @@ def kama_scale_out(
             **{f"cpu {part}": seconds for part, seconds in used.items()},
         }, {
             **start_timeline(stack, namespace, new, started=started, beside=min(before)),
-            "workflow_heard": [
-                h
-                for h in demand_heard(stack, namespace, name, started=started)
-                if float(h["at"]) >= -5
-            ],
+            "workflow_heard": demand_heard(stack, namespace, name, started=started),
         }
     finally:
         pods.stop()

@@ -185,6 +185,8 @@ class TimeSkippingServer:
                 f"{duration} of virtual time did not pass within {SLEEP_DEADLINE} of wall-clock "
                 f"time ({exc.message}); open workflows: {await holding_time(client)}"
             ) from exc
+        finally:
+            sleeping.cancel()  # done already, or left early: no sleep outlives the call
 
     async def release_orphaned_locks(self) -> None:
         """Give back the lock the test server leaked for each closed child of a
