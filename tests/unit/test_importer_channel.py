@@ -296,8 +296,13 @@ async def test_an_operation_outlives_the_worker_that_asked_and_is_not_run_twice(
     try:
         request = SpaceRequest(cache_root="/nowhere", needed_bytes=7)
         async with relay_to(url_of(server), functions=[count_slowly]) as relay:
-            first = asyncio.create_task(relayed(relay, "Count slowly", request))
-            await asyncio.sleep(0.6)
+            first_beats: list[Any] = []
+            first = asyncio.create_task(relayed(relay, "Count slowly", request, beats=first_beats))
+            # Mid-run, measured rather than timed: on a busy machine the run can start
+            # late, so a fixed sleep may cancel before its second heartbeat.
+            async with asyncio.timeout(10):
+                while not first_beats or first_beats[-1][0] < 2:
+                    await asyncio.sleep(0.02)
             first.cancel()  # the worker is gone: its connection closes
             with suppress(asyncio.CancelledError):
                 await first
