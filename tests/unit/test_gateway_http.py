@@ -428,7 +428,9 @@ async def test_what_the_server_refuses_itself() -> None:
 async def test_stopping_lets_requests_in_flight_finish_and_refuses_new_ones() -> None:
     async with running_gateway() as gw, httpx.AsyncClient() as http:
         slow = asyncio.create_task(http.post(f"{gw.url}/v1/completions", json=completion("slow")))
-        await asyncio.sleep(0.2)
+        async with asyncio.timeout(5):  # in flight: the replica has it (a busy machine is slow)
+            while not gw.replica.requests:
+                await asyncio.sleep(0.01)
         gw.stop.set()
         await asyncio.sleep(0.1)
         with pytest.raises(httpx.ConnectError):
