@@ -45,6 +45,8 @@ from typing import Any
 import httpx
 from kubernetes import client as k8s
 from kubernetes import watch
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
 from urllib3.exceptions import ProtocolError
 
@@ -77,8 +79,8 @@ GOAL_SCALE_OUT_RATIO = 1.2
 GOAL_COLD_START_EXTRA_S = 0.3
 PROMPT = {"prompt": "go", "max_tokens": 4, "stream": True}
 LOGS = RESULTS / "scale_out_logs"
-SET_REPLICAS = "Set deployment replicas"  # the activity that writes spec.replicas
-HEARD_BEFORE_S = 5  # how long before a scale-out the workflow's history is shown
+HEARD_BEFORE_S = 5  # how long before a scale-out the demand signals are shown
+STEPS_FOR_S = 1.5  # how long after the load began the workflows' steps are shown
 
 
 class PodEvents:
@@ -259,40 +261,57 @@ def start_timeline(
 def demand_heard(
     stack: LocalStack, namespace: str, name: str, *, started: float
 ) -> list[dict[str, Any]]:
-    """What the deployment's workflow heard and did around the scale-out (from
-    HEARD_BEFORE_S before `started`), from its histories: each `demand` signal (when,
-    `after_start`, and its in-flight, queued and risen-for) and each `spec.replicas`
-    write it scheduled; a scale-out slower than its demand says whether the report came
-    late or the decision did."""
+    """What the deployment's workflows heard and did around the scale-out, from their
+    histories (times `after_start`): each `demand` signal from HEARD_BEFORE_S before
+    `started`, and every step of the deployment workflow and its rollout child in the
+    STEPS_FOR_S after it (workflow tasks, activities by name, the child's start). A
+    scale-out slower than its demand says whether the report came late, the decision
+    did, or the steps from the decision to the pod's create."""
 
     async def read() -> list[dict[str, Any]]:
         client = await Client.connect(stack.temporal.address)
-        query = (
-            f"KamaNamespace = '{namespace}' AND KamaName = '{name}' "
-            "AND WorkflowType = 'Keep model deployment'"
-        )
+        query = f"KamaNamespace = '{namespace}' AND KamaName = '{name}'"
         heard: list[dict[str, Any]] = []
         async for execution in client.list_workflows(query):
             handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
+            scheduled: dict[int, str] = {}  # activity scheduled event id -> its name
             async for event in handle.fetch_history_events():
                 at = after_start(
                     event.event_time.ToDatetime(tzinfo=UTC).timestamp(), started=started
                 )
-                if at < -HEARD_BEFORE_S:  # the deployment's first rollout
-                    continue
+                if event.HasField("activity_task_scheduled_event_attributes"):
+                    activity_type = event.activity_task_scheduled_event_attributes.activity_type
+                    scheduled[event.event_id] = activity_type.name
                 if event.HasField("workflow_execution_signaled_event_attributes"):
                     signal = event.workflow_execution_signaled_event_attributes
-                    if signal.signal_name == DEMAND:
+                    if signal.signal_name == DEMAND and at >= -HEARD_BEFORE_S:
                         report = json.loads(signal.input.payloads[0].data)
                         keys = ("in_flight", "queued", "risen_for_s")
                         heard.append({"at": at, "demand": {k: report.get(k) for k in keys}})
-                elif event.HasField("activity_task_scheduled_event_attributes"):
-                    activity = event.activity_task_scheduled_event_attributes.activity_type.name
-                    if activity == SET_REPLICAS:
-                        heard.append({"at": at, "scheduled": activity})
+                elif 0 <= at <= STEPS_FOR_S:
+                    step = EventType.Name(event.event_type).removeprefix("EVENT_TYPE_")
+                    activity = scheduled.get(_scheduled_id(event), "")
+                    heard.append(
+                        {
+                            "at": at,
+                            "workflow": execution.workflow_type,
+                            "step": f"{step} {activity}".strip(),
+                        }
+                    )
         return sorted(heard, key=lambda h: float(h["at"]))
 
     return asyncio.run(read())
+
+
+def _scheduled_id(event: HistoryEvent) -> int:
+    """The scheduled event of an activity's event (0 for other events)."""
+    if event.HasField("activity_task_scheduled_event_attributes"):
+        return event.event_id
+    if event.HasField("activity_task_started_event_attributes"):
+        return event.activity_task_started_event_attributes.scheduled_event_id
+    if event.HasField("activity_task_completed_event_attributes"):
+        return event.activity_task_completed_event_attributes.scheduled_event_id
+    return 0
 
 
 def kama_scale_out(
