@@ -325,21 +325,31 @@ class Supervisor:
                 return ok, why
             time.sleep(LOADING_POLL_S)
 
-    def busy_slots(self) -> int:
+    def busy_slots(self) -> int | None:
+        """Slots processing a request, as llama-server's `/slots` says; None when it
+        does not answer (in time, with 200 and a list): not known to be idle."""
         try:
-            _, slots = self._get("/slots")
+            status, slots = self._get("/slots")
         except (OSError, http.client.HTTPException, ValueError):
-            return 0
-        return sum(1 for s in slots or [] if s.get("is_processing"))
+            return None
+        if status != 200 or not isinstance(slots, list):
+            return None
+        return sum(1 for s in slots if isinstance(s, dict) and s.get("is_processing"))
 
     def drain_and_stop(self) -> int:
+        """Stop llama-server once no slot is processing, or at the plan's drain
+        timeout; a `/slots` that does not answer (llama-server busy generating on a
+        loaded node) is waited for, not taken for idle."""
         self.draining.set()
         deadline = time.monotonic() + self.plan.drain_timeout_s
         while time.monotonic() < deadline and self.child is not None and self.child.poll() is None:
             busy = self.busy_slots()
             if busy == 0:
                 break
-            log.info("draining: %d slot(s) still processing", busy)
+            if busy is None:
+                log.info("draining: llama-server's /slots did not answer; waiting")
+            else:
+                log.info("draining: %d slot(s) still processing", busy)
             time.sleep(DRAIN_POLL_S)
         if self.child is None:
             return 0
