@@ -228,11 +228,11 @@ def after_start(wall_s: float, *, started: float) -> float:
 
 
 def start_timeline(
-    stack: LocalStack, namespace: str, pod: str, *, started: float, beside: str
+    stack: LocalStack, namespace: str, pod: str, *, started: float, beside: str | None = None
 ) -> dict[str, Any]:
     """Why a new pod's Running -> Ready took what it took: when its log's `LOG_MARKS`
     lines were written (the container runtime's timestamps, `after_start`), its node
-    and that of the replica already serving (`beside`), and the kubelet's failed
+    and that of the replica already serving (`beside`, if any), and the kubelet's failed
     readiness probes (its Unhealthy Events' messages). The whole log, timestamped, is
     kept in bench-results/scale_out_logs/."""
     core = stack.core()
@@ -244,6 +244,7 @@ def start_timeline(
     marks: dict[str, Any] = {
         key: core.read_namespaced_pod(name, namespace).spec.node_name
         for key, name in (("node", pod), ("beside_node", beside))
+        if name is not None
     }
     for line in log.splitlines():
         stamp, _, text = line.partition(" ")
@@ -462,9 +463,14 @@ def gone(gw: GatewayProcess, namespace: str, name: str) -> None:
     )
 
 
-def kama_cold_first_byte(gw: GatewayProcess, namespace: str, name: str) -> float:
-    """Time to first byte through the gateway of a request to `name` at zero."""
-    apply(gw.control.stack, kama_deployment(namespace, name, replicas=0, minimum=0))
+def kama_cold_start(
+    gw: GatewayProcess, namespace: str, name: str
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """A request to `name` at zero through the gateway: its first byte and its pod's
+    created, Running and Ready (seconds after the request), and the pod's
+    `start_timeline` with what the workflows did (`demand_heard`)."""
+    stack = gw.control.stack
+    apply(stack, kama_deployment(namespace, name, replicas=0, minimum=0))
     wait_md_condition(gw.control, namespace, name, "ScaledToZero")
     eventually(
         lambda: any(
@@ -474,10 +480,25 @@ def kama_cold_first_byte(gw: GatewayProcess, namespace: str, name: str) -> float
         timeout=30,
         what="the gateway to know the model",
     )
-    started = time.perf_counter()
-    took = first_byte_s(gw.url, started, json={"model": f"{namespace}/{name}", **PROMPT})
+    pods = PodEvents(stack, namespace, f"kama.dev/deployment={name}")
+    try:
+        time.sleep(0.5)  # the watch has listed (nothing: the model is at zero)
+        started = time.perf_counter()
+        took = first_byte_s(gw.url, started, json={"model": f"{namespace}/{name}", **PROMPT})
+        (pod,) = pods.wait(new_ready(set()), timeout=30)
+        marks = pods.seen[pod]
+        phases = {
+            "first_byte": took,
+            **{phase: marks[phase] - started for phase in ("created", "running", "ready")},
+        }
+        timeline = {
+            **start_timeline(stack, namespace, pod, started=started),
+            "workflow_heard": demand_heard(stack, namespace, name, started=started),
+        }
+    finally:
+        pods.stop()
     gone(gw, namespace, name)
-    return took
+    return phases, timeline
 
 
 def test_scale_out_and_cold_start_against_a_plain_deployment(
@@ -496,8 +517,8 @@ def test_scale_out_and_cold_start_against_a_plain_deployment(
 
     kama: list[dict[str, float]] = []
     plain: list[dict[str, float]] = []
-    kama_cold: list[float] = []
-    timelines: dict[str, list[dict[str, Any]]] = {"kama": [], "plain": []}
+    kama_cold: list[dict[str, float]] = []
+    timelines: dict[str, list[dict[str, Any]]] = {"kama": [], "plain": [], "kama_cold": []}
     for number in range(TRIALS):  # a fresh deployment each: no demand left from before
         name = f"scaler-{number}"
         apply(control.stack, kama_deployment(namespace, name, replicas=1, minimum=1))
@@ -511,7 +532,9 @@ def test_scale_out_and_cold_start_against_a_plain_deployment(
         phases, timeline = plain_trial(control.stack, namespace)
         plain.append(phases)
         timelines["plain"].append(timeline)
-        kama_cold.append(kama_cold_first_byte(gw, namespace, f"cold-{number}"))
+        phases, timeline = kama_cold_start(gw, namespace, f"cold-{number}")
+        kama_cold.append(phases)
+        timelines["kama_cold"].append(timeline)
     kubectl(control.stack, "delete", "deployment", PLAIN, "-n", namespace, "--wait=false")
 
     def median(values: list[float]) -> float:
@@ -520,14 +543,14 @@ def test_scale_out_and_cold_start_against_a_plain_deployment(
     kama_ready = median([t["ready"] for t in kama])
     plain_out = median([t["scale_out"] for t in plain])
     plain_cold = median([t["cold_first_byte"] for t in plain])
-    cold = median(kama_cold)
+    cold = median([t["first_byte"] for t in kama_cold])
     record(
         "scale_out",
         {
             "trials": {
                 "kama_scale_out": [{k: round(v, 3) for k, v in t.items()} for t in kama],
                 "plain": [{k: round(v, 3) for k, v in t.items()} for t in plain],
-                "kama_cold_first_byte_s": [round(v, 3) for v in kama_cold],
+                "kama_cold": [{k: round(v, 3) for k, v in t.items()} for t in kama_cold],
                 # each new pod's log marks and failed readiness probes, seconds after
                 # the same start as its phases
                 "start_timelines": timelines,
@@ -547,6 +570,11 @@ def test_scale_out_and_cold_start_against_a_plain_deployment(
                     (kama_ready - SCALE_UP_WINDOW_S) / plain_out, 3
                 ),
                 "kama_cold_first_byte_s": cold,
+                # a request at zero -> its pod created, Running, Ready, first byte
+                "kama_cold_split_s": {
+                    phase: median([t[phase] for t in kama_cold])
+                    for phase in ("created", "running", "ready", "first_byte")
+                },
                 "plain_0_to_1_ready_s": median([t["cold_ready"] for t in plain]),
                 "plain_0_to_1_first_byte_s": plain_cold,
                 "kama_cold_extra_s": round(cold - plain_cold, 3),

@@ -108,11 +108,12 @@ def test_images_are_reproducible_and_run_as_nonroot(tmp_path: Path) -> None:
     assert unpack.returncode == 0, unpack.stderr
     process = json.loads((bundle / "config.json").read_text())["process"]
     assert process["user"] == {"uid": 65532, "gid": 65532}
-    assert process["args"] == ["/opt/kama/bin/kama", "runtime"]
+    # kama-listen-first listens on the probe port, then execs kama (deploy/images/README.md)
+    assert process["args"] == ["/usr/local/bin/kama-listen-first", "/opt/kama/bin/kama", "runtime"]
     rootfs = bundle / "rootfs"
     assert not (rootfs / "bin" / "sh").exists() and not (rootfs / "usr" / "bin" / "bash").exists()
 
-    help_ = _in_rootfs(rootfs, "/opt/kama/bin/kama", "--help")
+    help_ = _in_rootfs(rootfs, "/usr/local/bin/kama-listen-first", "/opt/kama/bin/kama", "--help")
     assert help_.returncode == 0 and "worker" in help_.stdout, help_.stderr
     imports = _in_rootfs(
         rootfs,
