@@ -13,6 +13,7 @@ transitions). Deletion drains every pod first (`workflows.deployment_deletion`).
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -187,8 +188,15 @@ class DeploymentWorkflow(EntityWorkflow):
         )
         self._wake = False
         desired, look_again = decision.desired, decision.look_again
+        scaled: asyncio.Task[None] | None = None
         if decision.scale_to is not None:
-            await self._set_replicas(snap, decision.scale_to, decision.why)
+            # written beside the rollout: the pods for `desired` need not wait for the
+            # write (a pass that fails to write it ends failing, as before; the next
+            # pass trims to the spec)
+            write = self._scale(snap, decision.scale_to)
+            scaled = asyncio.create_task(
+                self._scaled(snap, write, replicas=decision.scale_to, why=decision.why)
+            )
             if decision.woke:
                 self._memory.pending_fields["last_wake"] = rfc3339(workflow.now())
         if decision.ask_replicas:
@@ -211,6 +219,8 @@ class DeploymentWorkflow(EntityWorkflow):
                 doing=self._say,
             )
             wait, self._doing, self._pausing = outcome.wait, outcome.doing, outcome.pausing
+        if scaled is not None:
+            await scaled
         if look_again is not None:
             wait = look_again if wait is None else min(wait, look_again)
         await self._events_recorded()
@@ -255,9 +265,19 @@ class DeploymentWorkflow(EntityWorkflow):
         await self._write(snap, outcome.conditions, fields=outcome.fields)
 
     async def _set_replicas(self, snap: EntitySnapshot, replicas: int, why: str) -> None:
-        await call_kube(
+        await self._scaled(snap, self._scale(snap, replicas), replicas=replicas, why=why)
+
+    def _scale(self, snap: EntitySnapshot, replicas: int) -> workflow.ActivityHandle[None]:
+        """Start writing `spec.replicas` (the `/scale` subresource)."""
+        return call_kube(
             ServingPodActivities.set_replicas, ScaleRequest(ref=snap.ref, replicas=replicas)
         )
+
+    async def _scaled(
+        self, snap: EntitySnapshot, write: workflow.ActivityHandle[None], *, replicas: int, why: str
+    ) -> None:
+        """Once `write` (`_scale`) is done, its Event."""
+        await write
         await self._record(
             snap, type="Normal", reason="Scaled", message=f"spec.replicas set to {replicas}: {why}"
         )
