@@ -27,6 +27,7 @@ import pytest
 
 from gateway.app import GatewayHolder, GatewayState, build_apps
 from gateway.held import GatewayLimits
+from gateway.transport.front import PublicFront
 from gateway.transport.serve import Listen, serve
 from kamadev.processes import free_port
 from tests.unit.gateway_support import fixed_state
@@ -89,6 +90,7 @@ class Gateway:
     state: GatewayState
     replica: Replica
     replica_port: int
+    front: PublicFront
 
 
 @asynccontextmanager
@@ -117,7 +119,7 @@ async def running_gateway(
             grace_s=1.0,
         )
     )
-    gateway = Gateway(f"http://127.0.0.1:{port}", holder.state, replica, replica_port)
+    gateway = Gateway(f"http://127.0.0.1:{port}", holder.state, replica, replica_port, public)
     async with httpx.AsyncClient() as http:
         for _ in range(100):
             try:
@@ -223,7 +225,9 @@ async def test_bodies_arriving_at_once_are_budgeted() -> None:
             b"content-length: %d\r\n\r\n{" % (900 * 1024)
         )
         await writer.drain()
-        await asyncio.sleep(0.2)
+        async with asyncio.timeout(5):  # the gateway counted the announced length
+            while gw.front.uploading == 0:
+                await asyncio.sleep(0.01)
         big = completion(prompt="b" * (200 * 1024))
         assert_429(await http.post(url, json=big), "too_many_requests")
         assert (await http.post(url, json=completion())).status_code == 200  # a small one fits
