@@ -14,6 +14,10 @@ from pathlib import Path
 from kamadev.processes import ManagedProcess, free_port, wait_for_port, wait_until
 
 SEARCH_ATTRIBUTES = ("KamaKind", "KamaNamespace", "KamaName")
+# an activity scheduled by a workflow task comes back in that task's response, to the
+# worker that completed it, instead of through matching (one round trip less between
+# a decision and its Kubernetes call); a self-hosted cluster sets it in its dynamic config
+DYNAMIC_CONFIG = ("system.enableActivityEagerExecution=true",)
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,8 @@ class TemporalDevServer:
             "--log-level",
             "warn",
         ]
+        for value in DYNAMIC_CONFIG:
+            argv += ["--dynamic-config-value", value]
         for name in SEARCH_ATTRIBUTES if self.search_attributes else ():
             argv += ["--search-attribute", f"{name}=Keyword"]
         self.process = ManagedProcess(

@@ -283,6 +283,8 @@ def test_evaluation_mode_runs_a_dev_server_with_kamas_search_attributes(
     assert "--db-filename=/data/temporal.sqlite" in args
     for attribute in ("KamaKind", "KamaNamespace", "KamaName"):
         assert f"--search-attribute={attribute}=Keyword" in args
+    # activities come back with the workflow task that scheduled them
+    assert "--dynamic-config-value=system.enableActivityEagerExecution=true" in args
     assert named(docs, "PersistentVolumeClaim", "kama-temporal")["spec"]["resources"] == {
         "requests": {"storage": "1Gi"}
     }
