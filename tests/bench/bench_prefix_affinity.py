@@ -19,13 +19,15 @@ scenarios run at that load.
   not those it found cached.
 - **TTFT**: mean and p90 (the distribution is bimodal, hit or miss, so p50 says little);
   p90 also over follow-up turns alone, as a conversation's first turn is a full prefill
-  under either strategy and makes 1/TURNS of the requests (`KAMA_BENCH_PREFIX_TURNS`
-  sets TURNS: with 4, a quarter of the requests are cold and p90 is a cold turn).
+  under either strategy and makes 1/TURNS of the requests. A conversation has 16
+  turns (`KAMA_BENCH_PREFIX_TURNS`): with 4, a quarter of the requests are cold turns,
+  the same under both strategies, so the p90 is a cold turn whatever the router does
+  and cannot tell them apart; with 16, one in 16 is, and the p90 is a follow-up's.
 - **Follow-up turns by outcome**, from each answer's `x-kama-pod` header and the
   `timings` llama-server puts on its last event: found the conversation cached (most
   of its system prompt in `cache_n`), missed on another replica than the turn before
   (moved), or missed on the same one (its prompt cache let it go).
-- **Capacity**: users are swept (2, 4, 6, 8, 16); a strategy's capacity is the
+- **Capacity**: users are swept (4, 6, 8, 12); a strategy's capacity is the
   requests/s at which its p90 TTFT reaches `TTFT_LIMIT_X` cold turns, interpolated
   between the loads around the crossing (tests/bench/capacity.py); the highest swept
   load within the limit is reported beside it.
@@ -71,7 +73,7 @@ SHAPE = ModelShape(n_layer=8, n_embd=512, n_head=8, n_head_kv=8, n_ff=1536, n_ct
 SYSTEM_CHARS = 1700  # byte-level vocabulary: about one token a character
 # turns a conversation has (KAMA_BENCH_PREFIX_TURNS): its first is a full prefill under
 # either strategy, so with 4 a quarter of the requests are cold whatever the router does
-TURNS = int(os.environ.get("KAMA_BENCH_PREFIX_TURNS", "4"))
+TURNS = int(os.environ.get("KAMA_BENCH_PREFIX_TURNS", "16"))
 MAX_TOKENS = 8
 REPLICAS, SLOTS, THREADS = 4, 1, 1
 CONTEXT = 4096
@@ -83,7 +85,7 @@ THINK_X = 3.0  # mean think time, in cold turns
 # the loads swept; KAMA_BENCH_PREFIX_USERS (e.g. "4") runs only those, to look at one
 # load
 USER_LEVELS = tuple(
-    int(u) for u in os.environ.get("KAMA_BENCH_PREFIX_USERS", "2,4,6,8,16").split(",")
+    int(u) for u in os.environ.get("KAMA_BENCH_PREFIX_USERS", "4,6,8,12").split(",")
 )
 # KAMA_BENCH_PREFIX_SCENARIOS=distinct leaves out the tenant and no-repeat scenarios
 SCENARIOS = frozenset(
@@ -111,7 +113,7 @@ GOALS = {
     "capacity_ratio": (">=", 1.5),
 }
 HOT_CLIENTS, HOT_REQUESTS = 8, 3
-pytestmark = pytest.mark.timeout(3600)  # about 25 minutes of rounds, more than a test's 600 s
+pytestmark = pytest.mark.timeout(7200)  # 16-turn conversations: about 85 minutes of rounds
 
 
 @dataclass
