@@ -113,7 +113,7 @@ GOALS = {
     "capacity_ratio": (">=", 1.5),
 }
 HOT_CLIENTS, HOT_REQUESTS = 8, 3
-pytestmark = pytest.mark.timeout(7200)  # 16-turn conversations: about 85 minutes of rounds
+pytestmark = pytest.mark.timeout(7200)  # 16-turn conversations: about 75 minutes of rounds
 
 
 @dataclass

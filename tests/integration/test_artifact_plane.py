@@ -215,10 +215,14 @@ def test_missing_repo_is_source_unavailable_without_retry_storm(
 
 def log_texts(root: Path) -> Iterator[str]:
     """Every log file's text under `root`, as it is now: a pod removed meanwhile (the
-    importer's, once its import is done) takes its logs with it."""
-    for path in root.rglob("*.log"):
-        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
-            yield path.read_text(errors="replace")
+    importer's, once its import is done) takes its logs with it, and a container's
+    directory may go while it is walked (`os.walk` skips a directory it cannot list,
+    where `Path.rglob` raises)."""
+    for directory, _, files in os.walk(root):
+        for name in files:
+            if name.endswith(".log"):
+                with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                    yield (Path(directory) / name).read_text(errors="replace")
 
 
 def test_token_is_used_but_never_shown(
