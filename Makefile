@@ -2,18 +2,25 @@
 # types, all tests on the real local stack). Both install what they need.
 SHELL := /bin/bash
 export UV_PYTHON_DOWNLOADS := never
-UV_VERSION := 0.13.8
+export UV_VERSION := 0.13.8
 VENV := .venv/bin
+# Go from the Go module proxy when the machine has none recent enough
+# (deploy/local/install-prerequisites.sh): first on PATH for every build script
+export PATH := $(or $(KAMA_CACHE_DIR),$(HOME)/.cache/kama)/go/current/bin:$(PATH)
 
-.PHONY: setup deps binaries helm images images-cuda dev test lint typecheck pytest newest-python bench matrix
+.PHONY: setup prerequisites deps binaries fresh-test helm images images-cuda dev test lint typecheck pytest newest-python bench matrix
 
-setup: deps binaries
+setup: prerequisites deps binaries
+
+# compilers, cmake, curl, git from Debian and Go from the Go module proxy, when missing
+prerequisites:
+	bash deploy/local/install-prerequisites.sh
 
 deps:
-	@command -v uv >/dev/null 2>&1 || python3 -m pip install --quiet "uv==$(UV_VERSION)"
+	@command -v uv >/dev/null 2>&1 || bash deploy/local/install-prerequisites.sh uv
 	uv sync --frozen --compile-bytecode
 
-binaries:
+binaries: prerequisites
 	bash deploy/local/build-k8s.sh >/dev/null
 	bash deploy/local/build-llama.sh >/dev/null
 	bash deploy/local/build-helm.sh >/dev/null
@@ -85,3 +92,8 @@ matrix: setup
 
 bench: setup
 	$(VENV)/pytest -p no:cacheprovider -o python_files="bench_*.py" tests/bench -s
+
+# the whole suite from a clean clone of HEAD with an empty HOME, set-up and test timed
+# (deploy/local/fresh-test.sh; run before an issue is called resolved)
+fresh-test:
+	bash deploy/local/fresh-test.sh

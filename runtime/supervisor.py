@@ -45,8 +45,8 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections import deque
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -62,6 +62,7 @@ from kama.serving_plan import (
     ServingPlan,
 )
 from kama.serving_pod import SERVING_PLAN_ENV
+from runtime.clock import MONOTONIC, Clock
 from runtime.probe_socket import listen_for_probes, pod_ip
 
 log = logging.getLogger("kama.runtime")
@@ -81,6 +82,24 @@ LOAD_LOG_LINES = 4000
 TERMINATION_LOG = Path("/dev/termination-log")  # the pod's terminationMessagePath
 OFFLOAD_FAILED_EXIT = 3
 METRICS_MAX_BYTES = 1 << 20  # llama-server's /metrics is a few KiB
+
+
+@dataclass(frozen=True)
+class SlotsReading:
+    """What the drain reads of llama-server's `/slots`."""
+
+    busy: int  # slots processing a request
+    decoded: int  # tokens those slots' requests have generated so far
+
+
+def _decoded(slot: dict[str, Any]) -> int:
+    """A busy slot's generated tokens (`next_token[0].n_decoded`), 0 if not said."""
+    next_token = slot.get("next_token")
+    if isinstance(next_token, list) and next_token and isinstance(next_token[0], dict):
+        decoded = next_token[0].get("n_decoded")
+        if isinstance(decoded, int):
+            return decoded
+    return 0
 
 
 class ArtifactNotServable(Exception):
@@ -191,8 +210,10 @@ class Supervisor:
         llama_server: str,
         models_dir: Path,
         api_key: str | None = None,
+        clock: Clock = MONOTONIC,
     ) -> None:
         self.plan = plan
+        self.clock = clock
         # llama-server's key (it reads the same LLAMA_API_KEY from the env it inherits)
         self.headers = {} if api_key is None else {"Authorization": bearer(api_key)}
         self.host = host
@@ -201,7 +222,7 @@ class Supervisor:
         self.draining = threading.Event()
         self.child: subprocess.Popen[bytes] | None = None
         self.was_ready = False  # llama-server has loaded (probes no longer wait)
-        self.started_at: float | None = None  # time.monotonic() of llama-server's start
+        self.started_at: float | None = None  # self.clock.now() at llama-server's start
         self.load_log: deque[str] = deque(maxlen=LOAD_LOG_LINES)
 
     def _get(self, path: str) -> tuple[int, Any]:
@@ -221,7 +242,7 @@ class Supervisor:
             model_dir=str(self.models_dir), host=self.host, port=LLAMA_PORT
         )
         log.info("starting llama-server %s", " ".join(args))
-        self.started_at = time.monotonic()
+        self.started_at = self.clock.now()
         if not self.plan.n_gpu_layers:
             self.child = subprocess.Popen([self.llama_server, *args])
             return
@@ -309,48 +330,68 @@ class Supervisor:
     def ready_when_loaded(self, *, wait_s: float = LOADING_WAIT_S) -> tuple[bool, str]:
         """`ready()`, waiting up to `wait_s` for llama-server to finish loading the
         first time (afterwards, and while draining, it answers at once)."""
-        deadline = time.monotonic() + wait_s
+        deadline = self.clock.now() + wait_s
         while True:
             ok, why = self.ready()
             if ok and not self.was_ready and self.started_at is not None:
                 # the load time, for whoever reads the pod's log about a slow cold start
                 log.info(
-                    "llama-server ready %.2f s after its start", time.monotonic() - self.started_at
+                    "llama-server ready %.2f s after its start", self.clock.now() - self.started_at
                 )
             if ok:
                 self.was_ready = True
             if ok or self.was_ready or not self.alive() or self.draining.is_set():
                 return ok, why
-            if time.monotonic() + LOADING_POLL_S > deadline:
+            if self.clock.now() + LOADING_POLL_S > deadline:
                 return ok, why
-            time.sleep(LOADING_POLL_S)
+            self.clock.sleep(LOADING_POLL_S)
 
     def busy_slots(self) -> int | None:
         """Slots processing a request, as llama-server's `/slots` says; None when it
         does not answer (in time, with 200 and a list): not known to be idle."""
+        reading = self.read_slots()
+        return None if reading is None else reading.busy
+
+    def read_slots(self) -> SlotsReading | None:
+        """`/slots` as the drain reads it, or None when it does not answer."""
         try:
             status, slots = self._get("/slots")
         except (OSError, http.client.HTTPException, ValueError):
             return None
         if status != 200 or not isinstance(slots, list):
             return None
-        return sum(1 for s in slots if isinstance(s, dict) and s.get("is_processing"))
+        busy = [s for s in slots if isinstance(s, dict) and s.get("is_processing")]
+        return SlotsReading(busy=len(busy), decoded=sum(_decoded(slot) for slot in busy))
 
     def drain_and_stop(self) -> int:
         """Stop llama-server once no slot is processing, or at the plan's drain
         timeout; a `/slots` that does not answer (llama-server busy generating on a
-        loaded node) is waited for, not taken for idle."""
+        loaded node) is waited for, not taken for idle. Every reading and why the
+        drain ended go to the pod's log, which is what tells a cut request's cause."""
         self.draining.set()
-        deadline = time.monotonic() + self.plan.drain_timeout_s
-        while time.monotonic() < deadline and self.child is not None and self.child.poll() is None:
-            busy = self.busy_slots()
-            if busy == 0:
+        started = self.clock.now()
+        deadline = started + self.plan.drain_timeout_s
+        log.info("draining: waiting up to %.0f s for busy slots", self.plan.drain_timeout_s)
+        while self.child is not None and self.child.poll() is None:
+            slots = self.read_slots()
+            waited = self.clock.now() - started
+            if slots is not None and slots.busy == 0:
+                log.info("drained: no slot processing %.1f s after SIGTERM", waited)
                 break
-            if busy is None:
-                log.info("draining: llama-server's /slots did not answer; waiting")
-            else:
-                log.info("draining: %d slot(s) still processing", busy)
-            time.sleep(DRAIN_POLL_S)
+            reading = (
+                "/slots did not answer"
+                if slots is None
+                else f"{slots.busy} slot(s) processing, {slots.decoded} tokens generated"
+            )
+            if self.clock.now() >= deadline:
+                log.warning(
+                    "drain timeout (%.0f s) reached, %s: stopping llama-server",
+                    self.plan.drain_timeout_s,
+                    reading,
+                )
+                break
+            log.info("draining: %s (%.1f s)", reading, waited)
+            self.clock.sleep(DRAIN_POLL_S)
         if self.child is None:
             return 0
         if self.child.poll() is None:
@@ -358,7 +399,10 @@ class Supervisor:
             try:
                 self.child.wait(timeout=STOP_GRACE_S)
             except subprocess.TimeoutExpired:
+                log.warning("llama-server outlived SIGTERM by %.0f s: killed", STOP_GRACE_S)
                 self.child.kill()
+        else:
+            log.warning("llama-server exited during the drain (%s)", self.child.returncode)
         return self.child.wait()
 
     def serve_probes(self, listener: socket.socket) -> ThreadingHTTPServer:

@@ -9,12 +9,15 @@ test."""
 from __future__ import annotations
 
 import os
+import re
 import secrets
+import shutil
 import signal
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -32,6 +35,36 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Order the collected tests by lane, keeping the collection order within a lane
     (a stable sort: module-scoped fixtures still start once per module)."""
     items.sort(key=lambda item: suite_lane(path=item.path.as_posix(), module=item.path.stem))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Each phase's report on its item (`item.stash`), for fixtures that keep evidence
+    only when the test failed (`kept_logs`)."""
+    report = yield
+    item.stash.setdefault(PHASE_REPORTS, {})[call.when] = report
+    return report
+
+
+PHASE_REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
+
+
+@pytest.fixture
+def kept_logs(request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A directory for the logs a test follows (`tests.pod_logs`), kept under
+    `test-results/kept-logs/<test>` when the test fails and removed when it passes."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.nodeid)
+    directory = REPO_ROOT / "test-results" / "kept-logs" / name
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    yield directory
+    reports = request.node.stash.get(PHASE_REPORTS, {})
+    if all(report.passed for report in reports.values()):
+        shutil.rmtree(directory, ignore_errors=True)
+    else:
+        print(f"\nlogs kept: {directory}")
 
 
 @pytest.fixture(scope="session")

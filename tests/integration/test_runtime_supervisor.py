@@ -19,6 +19,7 @@ from kamadev.gguf_factory import ModelShape, write_model
 from kamadev.stack import KAMA_LLAMA_IMAGE
 from tests.conftest import KamaControl
 from tests.integration.test_artifact_plane import cache, hf_artifact, wait_condition
+from tests.pod_logs import following_pod_log
 from tests.support import apply, eventually, exists, get_json, kubectl
 
 
@@ -80,7 +81,7 @@ def test_a_gpu_plan_on_a_llama_server_without_a_gpu_stops_naming_both_numbers(
 
 
 def test_runtime_serves_checks_and_drains(
-    kama_control: KamaControl, namespace: str, tmp_path: Path
+    kama_control: KamaControl, namespace: str, tmp_path: Path, kept_logs: Path
 ) -> None:
     control = kama_control
     digest, sub_path = imported_tiny(control, namespace, tmp_path)
@@ -120,6 +121,25 @@ def test_runtime_serves_checks_and_drains(
         return pod["status"]["podIP"] if conds.get("Ready") == "True" else None
 
     ip = eventually(ready, timeout=90, what="the serving pod Ready")
+    with following_pod_log(control.stack, namespace=namespace, pod="serve", into=kept_logs) as log:
+        outcome = serve_then_drain(control, namespace=namespace, ip=ip)
+    drain = [line for line in log.read_text().splitlines() if "drain" in line]
+    assert outcome == {"status": 200, "tokens": 6000}, (
+        "the in-flight request finished during the drain",
+        drain,
+    )
+    assert any("draining: 1 slot(s) processing" in line for line in drain), drain
+    assert "drained: no slot processing" in drain[-1], drain
+    eventually(
+        lambda: not exists(control.stack, "pod", "serve", "-n", namespace),
+        timeout=60,
+        what="the pod to be gone after draining",
+    )
+
+
+def serve_then_drain(control: KamaControl, *, namespace: str, ip: str) -> dict[str, Any]:
+    """The Ready pod answers its checks and a chat; then it is deleted while a long
+    completion is in flight: what that completion's client got."""
     with httpx.Client(timeout=60) as http:
         assert http.get(f"http://{ip}:{SUPERVISOR_PORT}/readyz").json() == {
             "ok": True,
@@ -137,10 +157,17 @@ def test_runtime_serves_checks_and_drains(
 
     def long_request() -> None:
         with httpx.Client(timeout=120) as http:
-            r = http.post(
-                f"http://{ip}:{LLAMA_PORT}/completion",
-                json={"prompt": "Count", "n_predict": 6000, "ignore_eos": True, "temperature": 0},
-            )
+            try:
+                r = http.post(
+                    f"http://{ip}:{LLAMA_PORT}/completion",
+                    json={
+                        "prompt": "Count", "n_predict": 6000, "ignore_eos": True,
+                        "temperature": 0,
+                    },
+                )  # fmt: skip
+            except httpx.HTTPError as exc:
+                outcome["error"] = repr(exc)
+                return
             outcome["status"] = r.status_code
             outcome["tokens"] = r.json().get("tokens_predicted") if r.status_code == 200 else None
 
@@ -164,11 +191,4 @@ def test_runtime_serves_checks_and_drains(
             interval=0.05,
         )
     worker.join(timeout=120)
-    assert outcome == {"status": 200, "tokens": 6000}, (
-        "the in-flight request finished during the drain"
-    )
-    eventually(
-        lambda: not exists(control.stack, "pod", "serve", "-n", namespace),
-        timeout=60,
-        what="the pod to be gone after draining",
-    )
+    return outcome

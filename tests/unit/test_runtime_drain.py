@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -17,7 +16,8 @@ from typing import Any
 import pytest
 
 from kama.serving_plan import LLAMA_PORT, ServingPlan
-from runtime.supervisor import Supervisor
+from runtime.supervisor import DRAIN_POLL_S, Supervisor
+from tests.unit.stepped_clock import SteppedClock
 
 HOST = "127.0.77.2"  # a loopback address of its own: LLAMA_PORT is fixed
 DRAIN_TIMEOUT_S = 3.0
@@ -32,7 +32,9 @@ def supervisor(tmp_path: Path) -> Iterator[Supervisor]:
         concurrency=1,
         drain_timeout_s=DRAIN_TIMEOUT_S,
     )
-    found = Supervisor(plan=plan, host=HOST, llama_server="sleep", models_dir=tmp_path)
+    found = Supervisor(
+        plan=plan, host=HOST, llama_server="sleep", models_dir=tmp_path, clock=SteppedClock()
+    )
     found.child = subprocess.Popen(["sleep", "30"])  # llama-server's process, running
     yield found
     found.child.kill()
@@ -51,7 +53,8 @@ def slots_answers() -> Iterator[list[bool]]:
 
         def do_GET(self) -> None:
             processing = answers.pop(0) if answers else False
-            data = json.dumps([{"id": 0, "is_processing": processing}]).encode()
+            slot = {"id": 0, "is_processing": processing, "next_token": [{"n_decoded": 7}]}
+            data = json.dumps([slot, {"id": 1, "is_processing": False}]).encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
@@ -65,27 +68,33 @@ def slots_answers() -> Iterator[list[bool]]:
 
 
 def drained(supervisor: Supervisor) -> float:
-    """Seconds `drain_and_stop` took; llama-server's process is stopped after it."""
-    started = time.monotonic()
+    """Seconds `drain_and_stop` waited on the supervisor's (stepped) clock;
+    llama-server's process is stopped after it."""
+    started = supervisor.clock.now()
     supervisor.drain_and_stop()
-    took = time.monotonic() - started
     assert supervisor.child is not None and supervisor.child.poll() is not None
-    return took
+    return supervisor.clock.now() - started
 
 
 def test_a_slots_endpoint_that_does_not_answer_is_waited_for_until_the_drain_timeout(
-    supervisor: Supervisor,
+    supervisor: Supervisor, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Nothing answers on llama-server's port, its process runs: the drain does not
-    know that no request is in flight, so it waits, up to the plan's timeout."""
+    know that no request is in flight, so it waits, up to the plan's timeout, and the
+    pod's log says the timeout ended it."""
     assert supervisor.busy_slots() is None, "no answer is not an idle server"
-    assert drained(supervisor) >= DRAIN_TIMEOUT_S
+    with caplog.at_level("INFO", logger="kama.runtime"):
+        assert drained(supervisor) == DRAIN_TIMEOUT_S
+    assert "drain timeout (3 s) reached, /slots did not answer" in caplog.text
 
 
 def test_the_drain_ends_as_soon_as_no_slot_is_processing(
-    supervisor: Supervisor, slots_answers: list[bool]
+    supervisor: Supervisor, slots_answers: list[bool], caplog: pytest.LogCaptureFixture
 ) -> None:
     slots_answers.extend([True, True])
-    took = drained(supervisor)
+    with caplog.at_level("INFO", logger="kama.runtime"):
+        waited = drained(supervisor)
     assert not slots_answers, "asked until a slot was free"
-    assert took < DRAIN_TIMEOUT_S, f"stopped {took:.2f} s after SIGTERM, not at the timeout"
+    assert waited == 2 * DRAIN_POLL_S, "stopped at the first idle reading, not at the timeout"
+    assert caplog.text.count("draining: 1 slot(s) processing, 7 tokens generated") == 2
+    assert "drained: no slot processing 1.0 s after SIGTERM" in caplog.text

@@ -20,23 +20,30 @@ import pytest
 
 from kama.serving_plan import LLAMA_PORT, SUPERVISOR_PORT, ServingPlan
 from runtime.probe_socket import listen_for_probes
-from runtime.supervisor import LOADING_WAIT_S, Supervisor
+from runtime.supervisor import LOADING_POLL_S, LOADING_WAIT_S, Supervisor
+from tests.unit.stepped_clock import SteppedClock
 
 HOST = "127.0.77.1"  # a loopback address of its own: LLAMA_PORT is fixed
 LOAD_S = 0.3
 
 
 @pytest.fixture
-def loading_llama_server() -> Iterator[None]:
-    """Answers like llama-server that finishes loading LOAD_S after it started."""
-    started = time.monotonic()
+def clock() -> SteppedClock:
+    return SteppedClock()
+
+
+@pytest.fixture
+def loading_llama_server(clock: SteppedClock) -> Iterator[None]:
+    """Answers like llama-server that finishes loading LOAD_S after it started (on the
+    supervisor's clock)."""
+    started = clock.now()
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, format: str, *args: Any) -> None:
             return
 
         def do_GET(self) -> None:
-            loaded = time.monotonic() - started >= LOAD_S
+            loaded = clock.now() - started >= LOAD_S
             body: dict[str, Any] = {"status": "ok" if loaded else "loading model"}
             if self.path == "/props":
                 body = {"total_slots": 1, "model_path": "/models/m.gguf"}
@@ -53,10 +60,16 @@ def loading_llama_server() -> Iterator[None]:
     server.server_close()
 
 
-@pytest.fixture
-def supervisor(tmp_path: Path) -> Iterator[Supervisor]:
+def stepped_supervisor(*, models_dir: Path, clock: SteppedClock) -> Supervisor:
     plan = ServingPlan(entrypoint="m.gguf", manifest_digest="0" * 64, ctx_total=512, concurrency=1)
-    found = Supervisor(plan=plan, host=HOST, llama_server="sleep", models_dir=tmp_path)
+    return Supervisor(
+        plan=plan, host=HOST, llama_server="sleep", models_dir=models_dir, clock=clock
+    )
+
+
+@pytest.fixture
+def supervisor(tmp_path: Path, clock: SteppedClock) -> Iterator[Supervisor]:
+    found = stepped_supervisor(models_dir=tmp_path, clock=clock)
     found.child = subprocess.Popen(["sleep", "30"])  # llama-server's process, running
     yield found
     found.child.kill()
@@ -68,53 +81,64 @@ def test_a_probe_during_the_load_answers_ready_as_soon_as_it_is_loaded(
     supervisor: Supervisor,
 ) -> None:
     assert supervisor.ready()[0] is False, "still loading"
-    asked = time.monotonic()
+    asked = supervisor.clock.now()
     ok, why = supervisor.ready_when_loaded()
-    waited = time.monotonic() - asked
+    waited = supervisor.clock.now() - asked
     assert ok, why
-    assert waited < LOADING_WAIT_S, f"answered {waited:.2f}s after the probe"
+    assert LOAD_S <= waited < LOAD_S + LOADING_POLL_S, "ready at the first poll after the load"
 
 
 @pytest.mark.usefixtures("loading_llama_server")
-def test_a_loaded_or_draining_server_is_answered_at_once(supervisor: Supervisor) -> None:
+def test_a_loaded_or_draining_server_is_answered_at_once(
+    supervisor: Supervisor, clock: SteppedClock
+) -> None:
     supervisor.draining.set()
-    asked = time.monotonic()
     assert supervisor.ready_when_loaded() == (False, "draining")
-    assert time.monotonic() - asked < 0.1
+    assert clock.sleeps == [], "no wait while draining"
     supervisor.draining.clear()
     supervisor.was_ready = True  # it served before: an unready answer is news, not a load
-    asked = time.monotonic()
     assert supervisor.ready_when_loaded()[0] is False
-    assert time.monotonic() - asked < 0.2
+    assert clock.sleeps == [], "no wait once it has served"
 
 
 def test_a_load_longer_than_the_wait_is_answered_within_the_probe_timeout(
-    supervisor: Supervisor,
+    supervisor: Supervisor, clock: SteppedClock
 ) -> None:
-    asked = time.monotonic()  # nothing listens: llama-server has not even bound yet
+    asked = clock.now()  # nothing listens: llama-server has not even bound yet
     ok, _ = supervisor.ready_when_loaded()
-    assert not ok and time.monotonic() - asked < 1.0, "the kubelet's probe gives up at 1 s"
+    assert not ok
+    waited = clock.now() - asked
+    assert LOADING_WAIT_S - LOADING_POLL_S <= waited <= LOADING_WAIT_S, "held for the whole wait"
+    assert LOADING_WAIT_S < 1.0, "the kubelet's probe gives up at 1 s"
 
 
 @pytest.mark.usefixtures("loading_llama_server")
-def test_a_probe_during_the_artifact_check_waits_through_the_start(tmp_path: Path) -> None:
+def test_a_probe_during_the_artifact_check_waits_through_the_start(
+    tmp_path: Path, clock: SteppedClock
+) -> None:
     """The probe endpoint listens before the check: a probe then is held, not refused,
     and answers ready once the checked artifact's llama-server has loaded."""
-    plan = ServingPlan(entrypoint="m.gguf", manifest_digest="0" * 64, ctx_total=512, concurrency=1)
-    supervisor = Supervisor(plan=plan, host=HOST, llama_server="sleep", models_dir=tmp_path)
+    supervisor = stepped_supervisor(models_dir=tmp_path, clock=clock)
     assert supervisor.ready() == (False, "checking the artifact")
     assert supervisor.alive(), "a long check must not fail the liveness probe"
 
-    def checked_then_started() -> None:
-        time.sleep(0.1)
-        supervisor.child = subprocess.Popen(["sleep", "30"])
+    class CheckedWhileHeld:
+        """The artifact check ends (llama-server starts) while the probe is held."""
 
-    threading.Thread(target=checked_then_started, daemon=True).start()
-    asked = time.monotonic()
+        def sleep(self, seconds: float) -> None:
+            clock.sleep(seconds)
+            if supervisor.child is None:
+                supervisor.child = subprocess.Popen(["sleep", "30"])
+
+        def now(self) -> float:
+            return clock.now()
+
+    supervisor.clock = CheckedWhileHeld()
+    asked = clock.now()
     try:
         ok, why = supervisor.ready_when_loaded()
         assert ok, why
-        assert time.monotonic() - asked < LOADING_WAIT_S
+        assert clock.now() - asked < LOADING_WAIT_S, "ready within the probe's wait"
         assert supervisor.alive()
     finally:
         assert supervisor.child is not None
