@@ -1,7 +1,8 @@
 """Time as a parameter of the gateway's timing decisions: the demand reporter (when a
 report goes out, how long a rise waited), the wake queue (retries, the cold-start
-timeout, how long a request was held), the KEDA demand cache and the registry (how
-long a request waits for its home replica) each take a `Clock`.
+timeout, how long a request was held), the KEDA demand cache, the KEDA scaler's stream
+(when it checks again without a rise) and the registry (how long a request waits for
+its home replica) each take a `Clock`.
 Production passes the monotonic clock; tests pass a clock they step, so they assert
 exact times without sleeping on real ones."""
 

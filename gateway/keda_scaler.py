@@ -26,7 +26,6 @@ the gateway), so the servicer is tested with a fake one."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 from collections.abc import AsyncIterator
@@ -34,6 +33,7 @@ from typing import TYPE_CHECKING, Final, Protocol, TypeAlias
 
 import grpc
 
+from gateway.clock import MONOTONIC, Clock, wait_for_event
 from gateway.keda import externalscaler_pb2 as pb
 from gateway.keda import externalscaler_pb2_grpc
 from kama.scaled_object import TARGET_PER_REPLICA_KEY
@@ -69,8 +69,9 @@ class DemandSource(Protocol):
 class KedaExternalScaler(externalscaler_pb2_grpc.ExternalScalerServicer):
     """The `externalscaler.ExternalScaler` service over a `DemandSource` (grpc.aio)."""
 
-    def __init__(self, *, source: DemandSource) -> None:
+    def __init__(self, *, source: DemandSource, clock: Clock = MONOTONIC) -> None:
         self._source = source
+        self._clock = clock
 
     async def IsActive(self, request: pb.ScaledObjectRef, context: Context) -> pb.IsActiveResponse:
         return pb.IsActiveResponse(result=await self._demand(request, context) > 0)
@@ -124,13 +125,11 @@ class KedaExternalScaler(externalscaler_pb2_grpc.ExternalScalerServicer):
         gateway, may wait that long)."""
         rose = self._source.rose()
         if active:  # only a fall can change it
-            await asyncio.sleep(STREAM_RECHECK_S)
+            await self._clock.sleep(STREAM_RECHECK_S)
         elif rose.is_set():  # a rise the check just made saw, not yet cleared
-            await asyncio.sleep(RISE_SETTLE_S)
+            await self._clock.sleep(RISE_SETTLE_S)
         else:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(STREAM_RECHECK_S):
-                    await rose.wait()
+            await wait_for_event(rose, within=STREAM_RECHECK_S, clock=self._clock)
 
 
 async def _model(ref: pb.ScaledObjectRef, context: Context) -> tuple[str, str]:

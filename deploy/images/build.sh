@@ -46,6 +46,8 @@ case "${1:-}" in
   *) printf 'usage: %s [--cuda]\n' "$0" >&2; exit 2 ;;
 esac
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=../local/debian-packages.sh
+source "$HERE/../local/debian-packages.sh"
 REPO="$(cd "$HERE/../.." && pwd)"
 # Kama's sources (pyproject.toml, uv.lock, README.md, the packages): this checkout, or a
 # copy that cannot change while the build reads it
@@ -69,18 +71,9 @@ sha() { sha256sum | cut -c1-64; }
 oci() { "$PYTHON" "$HERE/oci.py" "$@"; }
 
 ensure_tools() {
-  local missing=()
-  command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
-  command -v umoci >/dev/null || missing+=(umoci)
-  command -v cc >/dev/null || missing+=(gcc libc6-dev) # kama-listen-first, static
-  if ((${#missing[@]})); then
-    if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null; then
-      log "installing ${missing[*]} from Debian"
-      apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2
-    else
-      die "need ${missing[*]} (Debian: apt-get install ${missing[*]})"
-    fi
-  fi
+  # cc and libc6-dev: kama-listen-first, static
+  ensure_debian_packages images mmdebstrap=mmdebstrap umoci=umoci cc=gcc cc=libc6-dev \
+    || exit 1
   command -v uv >/dev/null || die "need uv (make deps installs it)"
 }
 

@@ -8,6 +8,8 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=debian-packages.sh
+source "$HERE/debian-packages.sh"
 K8S_VERSION="${KAMA_K8S_VERSION:-v1.37.2}"
 CONTAINERD_VERSION="${KAMA_CONTAINERD_VERSION:-v2.4.2}"
 CNI_VERSION="${KAMA_CNI_VERSION:-v1.10.0}"
@@ -28,22 +30,8 @@ log() { printf '[build-node %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 # runc, iptables (kube-proxy, portmap), conntrack and socat (relays host services on
 # loopback to the nodes' bridge) come from Debian
-ensure_packages() {
-  local missing=()
-  command -v runc >/dev/null || [[ -x /usr/sbin/runc ]] || missing+=(runc)
-  command -v iptables >/dev/null || [[ -x /usr/sbin/iptables ]] || missing+=(iptables)
-  command -v conntrack >/dev/null || [[ -x /usr/sbin/conntrack ]] || missing+=(conntrack)
-  command -v socat >/dev/null || missing+=(socat)
-  ((${#missing[@]})) || return 0
-  if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null; then
-    log "installing ${missing[*]} from Debian"
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") >&2
-  else
-    echo "build-node: need ${missing[*]} (Debian: apt-get install ${missing[*]})" >&2
-    exit 1
-  fi
-}
-ensure_packages
+ensure_debian_packages build-node runc=runc iptables=iptables conntrack=conntrack socat=socat \
+  || exit 1
 
 all_present() {
   for b in "${BINARIES[@]}"; do [[ -x "$BIN/$b" ]] || return 1; done

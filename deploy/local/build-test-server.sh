@@ -11,6 +11,8 @@
 # ~/.cache/kama/temporal-test-server/<version>. Needs a Java 8+ runtime: the `java` on
 # PATH, else (when run as root, as CI is) Debian's openjdk-17-jre-headless.
 set -euo pipefail
+# shellcheck source=debian-packages.sh
+source "$(dirname "${BASH_SOURCE[0]}")/debian-packages.sh"
 
 VERSION="${KAMA_TEMPORAL_TEST_SERVER_VERSION:-1.38.0}"
 CACHE_ROOT="${KAMA_CACHE_DIR:-$HOME/.cache/kama}"
@@ -67,19 +69,8 @@ JARS[1.38.0]="
   org.slf4j:slf4j-api:1.7.36 d3ef575e3e4979678dc01bf1dcce51021493b4d11fb7f1be8ad982877c16a1c0
 "
 
-ensure_java() {
-  if command -v java >/dev/null && java -version >/dev/null 2>&1; then return; fi
-  if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
-    log "no java on PATH: installing Debian's openjdk-17-jre-headless"
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null
-    return
-  fi
-  echo "build-test-server: a Java 8+ runtime is required (e.g. apt-get install openjdk-17-jre-headless)" >&2
-  exit 1
-}
-
-ensure_java
+# a Java 8+ runtime runs the test server
+ensure_debian_packages build-test-server java=openjdk-17-jre-headless >/dev/null || exit 1
 if [[ -x "$LAUNCHER" && -f "$OUT/.complete" ]]; then
   echo "$LAUNCHER"
   exit 0

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# What `make setup` needs before it builds anything, so that a machine with only
-# Debian, Python 3.11 and `make` can run it: the C and C++ compilers, cmake, curl, git
-# and a few base tools from Debian's packages (apt-get, as root), and Go >= 1.26, which
-# Debian does not package. Go comes from the Go module proxy's `golang.org/toolchain`
-# module (the zip `go` itself downloads when a go.mod asks for a newer toolchain),
-# checked against the sha256 pinned below and unpacked into
-# ~/.cache/kama/go/go<version>; ~/.cache/kama/go/current points at it and the Makefile
-# puts current/bin first on PATH. A tool already present is used as it is; a second
-# run does nothing. `install-prerequisites.sh uv` installs only uv (pip, from PyPI),
-# which every Python target needs.
+# What `make setup` and the tests need of the machine, so that one with only Debian,
+# Python 3.11 and `make` can run them: the compilers, cmake, curl, git and a few base
+# tools, and what the nodes, the image build and Temporal's test server use (runc,
+# iptables, conntrack, socat, mmdebstrap, umoci, a Java runtime), from Debian's
+# packages (apt-get, as root: debian-packages.sh); and Go >= 1.26, which Debian does
+# not package. Go comes from the Go module proxy's `golang.org/toolchain` module (the
+# zip `go` itself downloads when a go.mod asks for a newer toolchain), checked against
+# the sha256 pinned below and unpacked into ~/.cache/kama/go/go<version>;
+# ~/.cache/kama/go/current points at it and the Makefile puts current/bin first on
+# PATH. A tool already present is used as it is; a second run does nothing.
+# `install-prerequisites.sh uv` installs only uv (pip, from PyPI), which every Python
+# target needs.
 set -euo pipefail
 
 GO_VERSION="${KAMA_GO_VERSION:-1.26.8}"
@@ -22,27 +24,21 @@ GO_ROOT="$CACHE_ROOT/go"
 log() { printf '[prerequisites %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf 'install-prerequisites: %s\n' "$*" >&2; exit 1; }
 
-# tool -> the Debian package that provides it
-declare -A PACKAGE_OF=(
-  [gcc]=gcc [g++]=g++ [c++]=g++ [make]=make [cmake]=cmake [curl]=curl [git]=git
-  [tar]=tar [sha256sum]=coreutils [flock]=util-linux [xz]=xz-utils
-)
+# shellcheck source=debian-packages.sh
+source "$(dirname "${BASH_SOURCE[0]}")/debian-packages.sh"
 
-install_debian_packages() {
-  local missing=() tool
-  for tool in "${!PACKAGE_OF[@]}"; do
-    command -v "$tool" >/dev/null 2>&1 || missing+=("${PACKAGE_OF[$tool]}")
-  done
-  [[ -f /etc/ssl/certs/ca-certificates.crt ]] || missing+=(ca-certificates)
-  ((${#missing[@]})) || return 0
-  mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
-  if [[ $EUID -ne 0 ]] || ! command -v apt-get >/dev/null; then
-    die "missing ${missing[*]}; on Debian: apt-get install -y ${missing[*]}"
-  fi
-  log "installing ${missing[*]} from Debian"
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-    --no-install-recommends "${missing[@]}") >&2
-}
+# what `make setup` and the tests use from Debian, as <command>=<package>: the build
+# tools, then what the nodes (runc, iptables, conntrack, socat), the image build
+# (mmdebstrap, umoci) and Temporal's test server (a Java runtime) need, installed here
+# once so that nothing is installed while the tests run
+BUILD_PACKAGES=(
+  gcc=gcc g++=g++ c++=g++ make=make cmake=cmake curl=curl git=git tar=tar
+  sha256sum=coreutils flock=util-linux xz=xz-utils update-ca-certificates=ca-certificates
+)
+TEST_PACKAGES=(
+  runc=runc iptables=iptables conntrack=conntrack socat=socat mmdebstrap=mmdebstrap
+  umoci=umoci java=openjdk-17-jre-headless
+)
 
 go_is_recent() {  # the `go` on PATH (the Makefile's PATH: the cached one first) is >= 1.26
   local version
@@ -97,11 +93,7 @@ install_uv() {
   command -v uv >/dev/null 2>&1 && return 0
   local version="${UV_VERSION:?the Makefile passes UV_VERSION}"
   if ! python3 -m pip --version >/dev/null 2>&1; then
-    [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null \
-      || die "python3 has no pip; on Debian: apt-get install -y python3-pip"
-    log "installing python3-pip from Debian"
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-      --no-install-recommends python3-pip) >&2
+    ensure_debian_packages prerequisites pip3=python3-pip || exit 1
   fi
   # Debian's own python3 refuses pip installs (PEP 668) unless told: uv is a
   # stand-alone binary that touches nothing of the system's Python
@@ -113,5 +105,5 @@ if [[ "${1:-}" == uv ]]; then
   install_uv
   exit 0
 fi
-install_debian_packages
+ensure_debian_packages prerequisites "${BUILD_PACKAGES[@]}" "${TEST_PACKAGES[@]}" || exit 1
 install_go

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +82,11 @@ def test_a_gpu_plan_on_a_llama_server_without_a_gpu_stops_naming_both_numbers(
 
 
 def test_runtime_serves_checks_and_drains(
-    kama_control: KamaControl, namespace: str, tmp_path: Path, kept_logs: Path
+    kama_control: KamaControl,
+    namespace: str,
+    tmp_path: Path,
+    kept_logs: Path,
+    record_property: Callable[[str, object], None],
 ) -> None:
     control = kama_control
     digest, sub_path = imported_tiny(control, namespace, tmp_path)
@@ -124,6 +129,7 @@ def test_runtime_serves_checks_and_drains(
     with following_pod_log(control.stack, namespace=namespace, pod="serve", into=kept_logs) as log:
         outcome = serve_then_drain(control, namespace=namespace, ip=ip)
     drain = [line for line in log.read_text().splitlines() if "drain" in line]
+    record_property("drain", "\n".join(drain))  # test-results/junit.xml, pass or fail
     assert outcome == {"status": 200, "tokens": 6000}, (
         "the in-flight request finished during the drain",
         drain,

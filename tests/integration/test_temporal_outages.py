@@ -83,11 +83,9 @@ def test_a_cold_start_during_a_temporal_outage_is_answered_once_temporal_returns
                 temporal.thaw()
             else:
                 temporal.restart()
-        returned = time.monotonic()
-        response = first.result(timeout=ANSWERED_AFTER_RETURN_S + 30)
-        answered_after = time.monotonic() - returned
+        # answered once Temporal is back: waited for, at most ANSWERED_AFTER_RETURN_S
+        response = first.result(timeout=ANSWERED_AFTER_RETURN_S)
     assert response.status_code == 200, response.text
-    assert answered_after < ANSWERED_AFTER_RETURN_S, f"answered {answered_after:.0f}s after"
     said = run_runbook(stack, RUNBOOKS["outages"], "temporal-back", env)
     assert "SERVING" in said and f"deployment/{namespace}/{model.split('/')[1]}/" in said, said
     assert md(gw.control, namespace, model.split("/")[1])["spec"]["replicas"] == 1

@@ -1,15 +1,18 @@
 """What the public port must hold whatever HTTP server runs it (issue 12, item 2),
 over real sockets on 127.0.0.1: trailers never pass for headers and are bounded,
-an endless header or trailer value costs the event loop nothing (the operational
-port keeps answering), a body sent in 1-byte chunks costs about its size, a
-transfer coding other than `chunked` is refused, and so are request lines and
-`Host` fields RFC 9112 calls invalid. Some of these granian (hyper) already refuses
-itself; those tests document it, so a change of server cannot lose them."""
+an endless header or trailer value is refused while the operational port keeps
+answering, a body sent in 1-byte chunks is refused after a bounded number of chunks
+and costs about its size, a transfer coding other than `chunked` is refused, and so
+are request lines and `Host` fields RFC 9112 calls invalid. Some of these granian
+(hyper) already refuses itself; those tests document it, so a change of server cannot
+lose them. How long the operational port's answers wait meanwhile (the event loop
+never stalls) is a matter of speed, measured in tests/bench/bench_gateway_hostile.py."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import tracemalloc
 from collections.abc import AsyncIterator
@@ -17,6 +20,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from gateway.transport.framing import FREE_PIECES, MIN_PIECE_BYTES
 from tests.unit.test_gateway_http import Gateway, completion, raw, running_gateway
 
 pytestmark = pytest.mark.timeout(60)
@@ -42,8 +46,9 @@ def error_code(answer: bytes) -> str | None:
 
 
 class HealthProbe:
-    """Asks the operational port's /healthz over and over and keeps the slowest
-    answer: the event loop's responsiveness while something else happens."""
+    """Asks the operational port's /healthz over and over, each answer a 200, and
+    keeps the count and the slowest answer (the event loop's responsiveness while
+    something else happens, which the benchmark reports)."""
 
     def __init__(self, gw: Gateway) -> None:
         self.url = f"{gw.ops_url}/healthz"
@@ -139,7 +144,7 @@ async def test_trailer_fields_are_refused_and_never_reach_a_replica() -> None:
         assert gw.replica.requests == [completion()], "a request with trailers never goes on"
 
 
-async def test_trailers_count_against_a_limit_and_never_stall_the_loop() -> None:
+async def test_trailers_count_against_a_limit_while_the_ops_port_answers() -> None:
     """8 MiB of trailer fields, then one 8 MiB trailer value: both refused long before
     their end (hyper keeps at most 16 KiB of trailers), while /healthz answers."""
     body = json.dumps(completion()).encode()
@@ -162,10 +167,10 @@ async def test_trailers_count_against_a_limit_and_never_stall_the_loop() -> None
         for answer in (many, endless):
             assert status_of(answer) == 400 and error_code(answer) == "bad_request", answer[:300]
         assert gw.replica.requests == []
-        assert probe.answered > 0 and probe.slowest < 1.0, probe.slowest
+        assert probe.answered > 0
 
 
-async def test_an_endless_header_value_never_stalls_the_loop() -> None:
+async def test_an_endless_header_value_is_refused_while_the_ops_port_answers() -> None:
     """granian answers 431 once the head passes its buffer limit and closes the
     connection at once: a client still writing then gets a reset, which on Linux
     discards the 431 it had not read yet. The app never sees such a request, so the
@@ -181,7 +186,7 @@ async def test_an_endless_header_value_never_stalls_the_loop() -> None:
             probing.cancel()
         assert status_of(answer) in (0, 431), answer[:300]
         assert gw.replica.requests == []
-        assert probe.answered > 0 and probe.slowest < 1.0, probe.slowest
+        assert probe.answered > 0
 
 
 async def test_a_body_in_one_byte_chunks_costs_about_its_size() -> None:
@@ -196,7 +201,6 @@ async def test_a_body_in_one_byte_chunks_costs_about_its_size() -> None:
             small = await send_slowly(gw.url, one_byte_chunks(body), wait_s=5)
             assert status_of(small) == 200, small[:300]
             assert gw.replica.requests == [json.loads(body)]
-            started = time.monotonic()
             tracemalloc.reset_peak()
             big = await send_slowly(
                 gw.url, repeated(CHUNKED_HEAD, b"1\r\na\r\n" * 10922, times=768), wait_s=20
@@ -204,10 +208,13 @@ async def test_a_body_in_one_byte_chunks_costs_about_its_size() -> None:
             _, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
-        elapsed = time.monotonic() - started
         assert status_of(big) == 400 and error_code(big) == "bad_request", big[:300]
-        assert b"chunks" in big
-        assert elapsed < 10, f"refused after {elapsed:.1f}s"
+        # refused at the first chunk past the allowance: ~1,000 chunks read (each one
+        # an await on the loop), not the 8 Mi the client would send
+        said = re.search(rb"came in (\d+) chunks for (\d+) bytes", big)
+        assert said, big[:300]
+        chunks, carried = int(said[1]), int(said[2])
+        assert chunks == FREE_PIECES + carried // MIN_PIECE_BYTES + 1, (chunks, carried)
         assert peak < 32 * 1024 * 1024, f"peak Python memory {peak / 2**20:.1f} MiB"
         assert len(gw.replica.requests) == 1
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -41,11 +40,13 @@ class FakeSource:
 
     demands: dict[str, int] = field(default_factory=dict)
     event: asyncio.Event = field(default_factory=asyncio.Event)
+    asked_for_rise: int = 0  # a stream asks just before it waits for one
 
     async def demand(self, *, namespace: str, name: str) -> int | None:
         return self.demands.get(f"{namespace}/{name}")
 
     def rose(self) -> asyncio.Event:
+        self.asked_for_rise += 1
         return self.event
 
 
@@ -53,18 +54,21 @@ class FakeSource:
 class Served:
     source: FakeSource
     stub: Any  # the generated stub is untyped
+    clock: ManualClock  # the scaler's: its stream's rechecks wait on it
 
 
 @pytest.fixture
 async def served() -> AsyncIterator[Served]:
     source = FakeSource(demands={"ns/chat": 0})
+    clock = ManualClock()
     port = free_port()
     server = await serve_keda_scaler(
-        scaler=KedaExternalScaler(source=source), host="127.0.0.1", port=port
+        scaler=KedaExternalScaler(source=source, clock=clock), host="127.0.0.1", port=port
     )
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            yield Served(source=source, stub=externalscaler_pb2_grpc.ExternalScalerStub(channel))
+            stub = externalscaler_pb2_grpc.ExternalScalerStub(channel)
+            yield Served(source=source, stub=stub, clock=clock)
     finally:
         await stop_keda_scaler(server, grace_s=0.1)
 
@@ -125,28 +129,30 @@ async def test_an_unknown_model_is_not_found(served: Served) -> None:
 async def test_the_stream_answers_at_once_and_hears_a_rise_at_once(
     served: Served, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """The scaler's clock never moves here, so its rechecks (every STREAM_RECHECK_S on
+    that clock) never come: the first answer and the one after the rise can only come
+    at once, and a stream that waited for a recheck instead fails the read's wait."""
     caplog.set_level(logging.DEBUG, logger="kama.gateway")
     stream = served.stub.StreamIsActive(ref(), timeout=30)
-    started = time.monotonic()
-    first = await asyncio.wait_for(stream.read(), timeout=STREAM_RECHECK_S / 2)
+    first = await asyncio.wait_for(stream.read(), timeout=STREAM_RECHECK_S)
     assert first.result is False
-    assert time.monotonic() - started < STREAM_RECHECK_S / 2
-    await asyncio.sleep(0.2)  # the stream waits for a rise now
+    # the stream waits for a rise now (it asks for the flag just before it waits)
+    await until_true(lambda: served.source.asked_for_rise > 0)
     served.source.demands["ns/chat"] = 1  # e.g. a request held at zero
     served.source.event.set()
-    rose = time.monotonic()
-    second = await asyncio.wait_for(stream.read(), timeout=STREAM_RECHECK_S / 2)
+    second = await asyncio.wait_for(stream.read(), timeout=STREAM_RECHECK_S)
     assert second.result is True
-    assert time.monotonic() - rose < 1.0, "not at the next recheck"
     stream.cancel()  # KEDA goes away: the server's stream ends (not at the next recheck)
     await until_true(lambda: "KEDA stream for ns/chat ended" in caplog.text)
 
 
 async def until_true(check: Callable[[], bool], *, within: float = 2.0) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        assert time.monotonic() < deadline, f"not within {within} s"
-        await asyncio.sleep(0.02)
+    try:
+        async with asyncio.timeout(within):
+            while not check():
+                await asyncio.sleep(0.02)
+    except TimeoutError:
+        raise AssertionError(f"not within {within} s") from None
 
 
 async def test_the_stream_of_an_unknown_model_ends_not_found(served: Served) -> None:

@@ -23,19 +23,18 @@ from kamadev.processes import free_port
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = REPO / "deploy/images/listen-first.c"
 HOST = "127.0.0.1"
-STARTUP_S = 0.5  # the runtime's start, before it reaches `listen_for_probes`
+STARTUP_S = 0.5  # how long a test waits for a refusal, or a connect attempt
 
-# The runtime's part, slowed as a busy node slows it: it takes the probe socket as
+# The runtime's part, held in its start (before it reaches `listen_for_probes`) until
+# the test writes a line to it, as a busy node holds it: it takes the probe socket as
 # `kama runtime` does, says what it got, and answers one probe.
 RUNTIME = textwrap.dedent(
     """
-    import json, os, sys, time
-    time.sleep(float(sys.argv[2]))
+    import json, os, sys
+    sys.stdin.readline()
     from runtime.probe_socket import listen_for_probes
-    asked = time.time()
     listener = listen_for_probes(host="127.0.0.1", port=int(sys.argv[1]))
     print(json.dumps({
-        "asked_at": asked,
         "fd": listener.fileno(),
         "inheritable": listener.get_inheritable(),
         "env": {k: os.environ.get(k) for k in ("LISTEN_FDS", "LISTEN_PID", "KAMA_LISTEN_FIRST")},
@@ -63,9 +62,10 @@ def listen_first(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def start_runtime(listen_first: Path, *, port: int, env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [listen_first, sys.executable, "-c", RUNTIME, str(port), str(STARTUP_S)],
+        [listen_first, sys.executable, "-c", RUNTIME, str(port)],
         cwd=REPO,
         env={**os.environ, **env},
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -81,12 +81,19 @@ def connect(port: int, *, within: float) -> socket.socket:
     """A connection to `port`, as the kubelet's probe makes one: retried while refused,
     for `within` seconds."""
     deadline = time.monotonic() + within
-    while True:
+    while time.monotonic() < deadline:
         try:
             return socket.create_connection((HOST, port), timeout=STARTUP_S + 5)
         except ConnectionRefusedError:
-            assert time.monotonic() < deadline, f"nothing listened on {port} within {within} s"
             time.sleep(0.001)
+    raise AssertionError(f"nothing listened on {port} within {within} s")
+
+
+def let_start(runtime: subprocess.Popen[str]) -> None:
+    """End the runtime's start: it goes on to take its socket."""
+    assert runtime.stdin is not None
+    runtime.stdin.write("go\n")
+    runtime.stdin.flush()
 
 
 def ask(connection: socket.socket) -> bytes:
@@ -103,14 +110,16 @@ def test_a_probe_in_the_runtimes_first_moments_is_held_and_answered(
         listen_first, port=port, env={"KAMA_LISTEN_FIRST": str(port), "POD_IP": HOST}
     )
     try:
+        # connected while the runtime is still held in its start, before it could
+        # listen: only kama-listen-first can have taken the connection
         connection = connect(port, within=STARTUP_S + 5)
-        connected_at = time.time()
+        assert runtime.poll() is None, "the runtime ended in its start"
+        let_start(runtime)
         answer = ask(connection)
         out, err = runtime.communicate(timeout=10)
     finally:
         runtime.kill()
     said = json.loads(out)
-    assert connected_at < said["asked_at"], "connected before the runtime reached its socket"
     assert answer.startswith(b"HTTP/1.0 200 OK") and answer.endswith(b"ready"), (answer, err)
     # handed over as systemd does (fd 3), then kept from llama-server
     assert said["fd"] == 3 and said["inheritable"] is False, said
@@ -125,9 +134,10 @@ def test_without_it_the_runtime_listens_itself_and_an_early_probe_is_refused(
     during its start is refused, as every first probe was before this program."""
     runtime = start_runtime(listen_first, port=port, env={"KAMA_LISTEN_FIRST": "not-a-port"})
     try:
-        time.sleep(STARTUP_S / 5)
-        with pytest.raises(ConnectionRefusedError):
+        time.sleep(STARTUP_S / 5)  # the program's moment to listen, were it to
+        with pytest.raises(ConnectionRefusedError):  # the runtime is still held
             socket.create_connection((HOST, port), timeout=1)
+        let_start(runtime)
         answer = ask(connect(port, within=10))
         out, err = runtime.communicate(timeout=10)
     finally:
