@@ -24,8 +24,9 @@ under the kubelet's probe timeout) instead of meeting a closed port, so a new re
 is Ready at the probe that sees it load, not a probe period later. Then it renders
 llama-server's flags from the plan only, starts llama-server once, and the endpoint
 is ready only while llama-server's `/health` is 200 and `/props` reports the expected
-model and slot count. On SIGTERM it stops being ready, waits until no slot is processing
-(up to the plan's drain timeout), then stops llama-server and exits with its code.
+model and slot count. On SIGTERM it stops being ready, waits until no slot has been
+processing for DRAIN_QUIET_S (up to the plan's drain timeout), then stops llama-server
+and exits with its code.
 
 llama-server reads its API key from `LLAMA_API_KEY`, which the worker puts into the
 pod's env when Kama has a master serving key (`kama.serving_key`); llama-server
@@ -75,6 +76,10 @@ PROBE_TIMEOUT_S = 2.0
 LOADING_WAIT_S = 0.7
 LOADING_POLL_S = 0.05
 DRAIN_POLL_S = 0.5
+# a drain ends once no slot has been busy for this long: a request the gateway routed
+# before it saw the pod go (it learns of the deletion when the kubelet does) reaches
+# llama-server after the drain's first reading, and one idle reading would cut it off
+DRAIN_QUIET_S = 1.0
 STOP_GRACE_S = 10.0
 # llama-server's stderr lines kept for the offload check (its load log is ~200 lines
 # at -lv 4, a dozen at the default)
@@ -364,33 +369,38 @@ class Supervisor:
         return SlotsReading(busy=len(busy), decoded=sum(_decoded(slot) for slot in busy))
 
     def drain_and_stop(self) -> int:
-        """Stop llama-server once no slot is processing, or at the plan's drain
-        timeout; a `/slots` that does not answer (llama-server busy generating on a
-        loaded node) is waited for, not taken for idle. Every reading and why the
+        """Stop llama-server once no slot has been processing for DRAIN_QUIET_S, or at
+        the plan's drain timeout; a `/slots` that does not answer (llama-server busy
+        generating on a loaded node) is waited for, not taken for idle. Every reading and why the
         drain ended go to the pod's log, which is what tells a cut request's cause."""
         self.draining.set()
         started = self.clock.now()
         deadline = started + self.plan.drain_timeout_s
         log.info("draining: waiting up to %.0f s for busy slots", self.plan.drain_timeout_s)
+        idle_since: float | None = None
         while self.child is not None and self.child.poll() is None:
             slots = self.read_slots()
-            waited = self.clock.now() - started
+            now = self.clock.now()
             if slots is not None and slots.busy == 0:
-                log.info("drained: no slot processing %.1f s after SIGTERM", waited)
-                break
+                idle_since = now if idle_since is None else idle_since
+                if now - idle_since >= DRAIN_QUIET_S:
+                    log.info("drained: no slot processing %.1f s after SIGTERM", now - started)
+                    break
+            else:
+                idle_since = None
             reading = (
                 "/slots did not answer"
                 if slots is None
                 else f"{slots.busy} slot(s) processing, {slots.decoded} tokens generated"
             )
-            if self.clock.now() >= deadline:
+            if now >= deadline:
                 log.warning(
                     "drain timeout (%.0f s) reached, %s: stopping llama-server",
                     self.plan.drain_timeout_s,
                     reading,
                 )
                 break
-            log.info("draining: %s (%.1f s)", reading, waited)
+            log.info("draining: %s (%.1f s)", reading, now - started)
             self.clock.sleep(DRAIN_POLL_S)
         if self.child is None:
             return 0

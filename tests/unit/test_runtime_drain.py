@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from kama.serving_plan import LLAMA_PORT, ServingPlan
-from runtime.supervisor import DRAIN_POLL_S, Supervisor
+from runtime.supervisor import DRAIN_POLL_S, DRAIN_QUIET_S, Supervisor
 from tests.unit.stepped_clock import SteppedClock
 
 HOST = "127.0.77.2"  # a loopback address of its own: LLAMA_PORT is fixed
@@ -95,6 +95,18 @@ def test_the_drain_ends_as_soon_as_no_slot_is_processing(
     with caplog.at_level("INFO", logger="kama.runtime"):
         waited = drained(supervisor)
     assert not slots_answers, "asked until a slot was free"
-    assert waited == 2 * DRAIN_POLL_S, "stopped at the first idle reading, not at the timeout"
+    assert waited == 2 * DRAIN_POLL_S + DRAIN_QUIET_S, "stopped once idle, not at the timeout"
     assert caplog.text.count("draining: 1 slot(s) processing, 7 tokens generated") == 2
-    assert "drained: no slot processing 1.0 s after SIGTERM" in caplog.text
+    assert "drained: no slot processing 2.0 s after SIGTERM" in caplog.text
+
+
+def test_a_request_that_comes_just_after_an_idle_reading_is_waited_for(
+    supervisor: Supervisor, slots_answers: list[bool]
+) -> None:
+    """A request the gateway routed before it saw the pod go (it learns of the deletion
+    when the kubelet does) reaches llama-server after the drain's first reading: one
+    idle reading is not an idle server, no slot may be busy for DRAIN_QUIET_S."""
+    slots_answers.extend([False, True, True])
+    waited = drained(supervisor)
+    assert not slots_answers, "the request that came after the first idle reading was seen"
+    assert waited == 3 * DRAIN_POLL_S + DRAIN_QUIET_S
