@@ -351,11 +351,13 @@ def build_apps(
     limits: GatewayLimits = DEFAULT_LIMITS,
 ) -> tuple[PublicFront, FastAPI]:
     """The public port's front and the operational port's app, over one state."""
+    routes = InferenceRoutes(proxy=lambda: holder.state.proxy, access=lambda: holder.state.access)
     public = PublicFront(
         max_upload_bytes=limits.max_upload_bytes,
         max_requests_per_client=limits.max_requests_per_client,
         client_write_timeout_s=limits.client_write_timeout_s,
-        lean=InferenceRoutes(proxy=lambda: holder.state.proxy, access=lambda: holder.state.access),
+        lean=routes,
+        head_check=routes.head,
         app=public_app(holder),
         refusal=server_refusal,
     )

@@ -20,18 +20,18 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from gateway.adapters import lora_field, split_adapter, with_lora
 from gateway.affinity import affinity_key
 from gateway.api_routes import InferenceRoute, match_inference
 from gateway.auth import AccessControl, Caller, check_model, resolve_for
 from gateway.auth_usage import MeteredReply
-from gateway.errors import GatewayError
+from gateway.errors import ErrorShape, GatewayError
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import Proxy
 from gateway.registry import Model, ModelRegistry
-from gateway.transport.exchange import Handler, Reply, Request
+from gateway.transport.exchange import Handler, HeaderLookup, HeadVerdict, Reply, Request
 
 MODEL_HEADER = "x-kama-model"
 CLIENT_CLOSED = "499"  # the client left before an answer started (nginx's code)
@@ -117,9 +117,12 @@ async def serve_inference(
     caller: Caller | None = None
     metered: MeteredReply | None = None
     try:
-        caller = access.authenticate(request.headers)
+        if request.head_checked:  # authenticated and admitted from the head (`head`)
+            caller = cast("Caller | None", request.principal)
+        else:
+            caller = access.authenticate(request.headers)
+            access.admit(caller)
         require_json(request)
-        access.admit(caller)
         if caller is not None:
             reply = metered = MeteredReply(reply)
         fields = parse_object(request.body)
@@ -194,3 +197,20 @@ class InferenceRoutes:
             )
 
         return handle
+
+    def head(self, method: str, path: str, headers: HeaderLookup) -> HeadVerdict:
+        """The front's `HeadCheck`: every request on the public port needs a known key
+        (when keys are on), and an inference request is counted against its key's
+        request limit, all before a byte of its body is read or counted. Refused in
+        the route's error shape."""
+        access = self.access()
+        route = match_inference(path) if method == "POST" else None
+        try:
+            caller = access.authenticate(headers)
+            if route is not None:
+                access.admit(caller)
+        except GatewayError as exc:
+            style = route.errors if route is not None else ErrorShape.OPENAI
+            answer_headers, body = exc.encoded(style)
+            return HeadVerdict(refusal=(exc.status, answer_headers, body))
+        return HeadVerdict(principal=caller)

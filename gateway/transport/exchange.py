@@ -25,6 +25,22 @@ class Request:
     path: str  # percent-decoded, without the query
     headers: HeaderLookup  # names lower-case
     body: bytes
+    # who the front's `HeadCheck` admitted the request as, before its body was read;
+    # `head_checked` is False where the host has no head check (the benchmarks' hosts)
+    principal: object = None
+    head_checked: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class HeadVerdict:
+    """What the app decides from a request's head alone, before a body byte is read or
+    counted: who it is admitted as (`Request.principal`), or the answer refusing it."""
+
+    principal: object = None
+    refusal: tuple[int, Headers, bytes] | None = None  # status, headers, body
+
+
+HeadCheck = Callable[[str, str, "HeaderLookup"], HeadVerdict]  # (method, path, headers)
 
 
 class Reply(Protocol):

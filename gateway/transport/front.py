@@ -45,7 +45,14 @@ from granian._granian import RSGIProtocolClosed as ProtocolClosed
 from granian.rsgi import Scope
 
 from gateway.transport.asgi import call_asgi
-from gateway.transport.exchange import Headers, LeanRoutes, Refusal, Request
+from gateway.transport.exchange import (
+    HeadCheck,
+    Headers,
+    HeadVerdict,
+    LeanRoutes,
+    Refusal,
+    Request,
+)
 from gateway.transport.framing import BodyRefused, head_refusal, read_chunked
 
 log = logging.getLogger("kama.gateway")
@@ -61,6 +68,11 @@ SWEEP_S = 0.1
 DEFAULT_MAX_UPLOAD_BYTES = 256 * 1024 * 1024  # bodies arriving at once, over all clients
 DEFAULT_MAX_REQUESTS_PER_CLIENT = 256  # requests in progress from one address; 0: no cap
 RETRY_AFTER_BUSY_S = 1
+# refused requests whose bodies are read and dropped at once (so their clients read the
+# answer): key-less clients cannot take more of the gateway than this; past it a
+# refusal closes the connection instead
+REFUSED_DRAINS = 64
+ADMITTED = HeadVerdict()  # where the app has no head check
 
 
 async def body_chunks(proto: Any) -> AsyncIterator[bytes]:
@@ -148,6 +160,7 @@ class PublicFront:
         max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
         max_requests_per_client: int = DEFAULT_MAX_REQUESTS_PER_CLIENT,
         client_write_timeout_s: float = 0.0,  # applied by the server to its sockets
+        head_check: HeadCheck | None = None,
     ) -> None:
         self.lean = lean
         self.app = app
@@ -156,7 +169,9 @@ class PublicFront:
         self.max_upload_bytes = max_upload_bytes
         self.max_requests_per_client = max_requests_per_client
         self.client_write_timeout_s = client_write_timeout_s
+        self.head_check = head_check
         self.uploading = 0  # bytes of bodies being received, over all requests
+        self.draining_refused = 0  # refused requests whose bodies are being dropped
         self.per_client: dict[str, int] = {}  # requests in progress per client address
         self.replies: set[RSGIReply] = set()
         self.clock = 0.0
@@ -202,14 +217,25 @@ class PublicFront:
             if refused is not None:
                 self._refuse(reply, *refused, close=True)
                 return
-            body = await self._read_body(scope, proto, reply, busy=busy)
+            verdict = await self._admit_head(scope, proto, reply, busy=busy)
+            if verdict is None:
+                return
+            body = await self._read_body(scope, proto, reply)
             if body is None:
                 return
             handler = self.lean(scope.method, scope.path)
             if handler is None:
                 await call_asgi(self.app, scope=scope, body=body, reply=reply)
             else:
-                await handler(Request(scope.method, scope.path, scope.headers, body), reply)
+                request = Request(
+                    scope.method,
+                    scope.path,
+                    scope.headers,
+                    body,
+                    principal=verdict.principal,
+                    head_checked=self.head_check is not None,
+                )
+                await handler(request, reply)
         except (asyncio.CancelledError, ConnectionError):
             if not reply.client_gone:
                 raise  # the server is stopping: not ours to swallow
@@ -229,24 +255,59 @@ class PublicFront:
             else:
                 del self.per_client[client]
 
-    async def _read_body(
+    async def _admit_head(
         self, scope: Scope, proto: Any, reply: RSGIReply, *, busy: int
-    ) -> bytes | None:
-        """The whole body, or None once the request was refused (its client has `busy`
-        requests in progress already, too large, too slow, no room). granian has
-        checked that a declared length is a number, and holds the body to it."""
+    ) -> HeadVerdict | None:
+        """What the head alone decides, before a body byte is read or counted: the
+        client already has `busy` requests in progress, or the app's head check (the
+        API key and its request limit) refuses it. None once refused: answered, and
+        its body dropped as after a 413 (`_refuse_unread`)."""
+        if self.max_requests_per_client and busy >= self.max_requests_per_client:
+            message = (
+                f"this client already has {busy} requests in progress "
+                f"(at most {self.max_requests_per_client}); retry later"
+            )
+            headers, body = self.refusal(429, message)
+            headers = [*headers, ("retry-after", str(RETRY_AFTER_BUSY_S)), CLOSE]
+            await self._refuse_unread(proto, reply, 429, headers, body)
+            return None
+        if self.head_check is None:
+            return ADMITTED
+        verdict = self.head_check(scope.method, scope.path, scope.headers)
+        if verdict.refusal is not None:
+            await self._refuse_unread(proto, reply, *verdict.refusal)
+            return None
+        return verdict
+
+    async def _refuse_unread(
+        self, proto: Any, reply: RSGIReply, status: int, headers: Headers, body: bytes
+    ) -> None:
+        """Answer a request refused from its head, then read and drop what its client
+        still sends, so that it reads the answer: at most REFUSED_DRAINS such drains at
+        once, past which the answer closes the connection unread."""
+        if self.draining_refused >= REFUSED_DRAINS:
+            reply.send(status, headers if CLOSE in headers else [*headers, CLOSE], body)
+            return
+        reply.send(status, headers, body)
+        self.draining_refused += 1
+        try:
+            await self._drain(body_chunks(proto), reply)
+        except asyncio.CancelledError:
+            if not reply.timed_out or reply.client_gone or reply.task is None:
+                raise
+            reply.task.uncancel()  # the drain's own deadline
+        finally:
+            reply.read_deadline = None
+            self.draining_refused -= 1
+
+    async def _read_body(self, scope: Scope, proto: Any, reply: RSGIReply) -> bytes | None:
+        """The whole body, or None once the request was refused (too large, too slow,
+        no room). granian has checked that a declared length is a number, and holds
+        the body to it."""
         declared = scope.headers.get("content-length")
         reply.read_deadline = self.clock + BODY_ARRIVAL_S
         counted = [0]  # bytes of this body counted as arriving, given back at the end
         try:
-            if self.max_requests_per_client and busy >= self.max_requests_per_client:
-                message = (
-                    f"this client already has {busy} requests in progress "
-                    f"(at most {self.max_requests_per_client}); retry later"
-                )
-                self._refuse(reply, 429, message, close=True, retry_after=RETRY_AFTER_BUSY_S)
-                await self._drain(body_chunks(proto), reply)
-                return None
             if declared is not None and int(declared) > self.max_body:
                 message = f"request body is larger than {self.max_body} bytes"
                 self._refuse(reply, 413, message)

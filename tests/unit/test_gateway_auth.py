@@ -23,7 +23,9 @@ from pydantic import ValidationError
 from gateway.auth import AccessControl
 from gateway.auth_limits import SlidingWindow
 from gateway.auth_usage import HEAD_BYTES, TAIL_BYTES, MeteredReply, tokens_in
+from gateway.held import DEFAULT_LIMITS, GatewayLimits
 from gateway.metrics import GatewayMetrics
+from gateway.transport import front
 from kama.api import ModelAccessKeySpec, key_sha256
 from kama.config import Settings
 from kamactl.access_key import create_access_key
@@ -98,13 +100,16 @@ def access_key(
 
 @asynccontextmanager
 async def auth_gateway(
-    monkeypatch: pytest.MonkeyPatch, *, cross_namespace: bool = False
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    cross_namespace: bool = False,
+    limits: GatewayLimits = DEFAULT_LIMITS,
 ) -> AsyncIterator[tuple[Gateway, Clock, httpx.AsyncClient]]:
     """A gateway that needs keys, over `CountingReplica`, with `ns/chat` (aliases
     `shared`, `chat`) and `team-b/secret` (owns `shared`: it is older)."""
     monkeypatch.setattr(test_gateway_http, "Replica", CountingReplica)
     clock = Clock()
-    async with running_gateway(auth="apikey") as gw, httpx.AsyncClient() as http:
+    async with running_gateway(auth="apikey", limits=limits) as gw, httpx.AsyncClient() as http:
         access = gw.state.access
         access.clock = clock
         access.cross_namespace_grants = cross_namespace
@@ -143,6 +148,97 @@ def error_of(answer: httpx.Response) -> dict[str, Any]:
     error: dict[str, Any] = answer.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
     return error
+
+
+MiB = 1024 * 1024
+ANSWERED_S = 5.0  # a refusal from the head comes at once; the body would take 30 s
+
+
+async def announce(
+    gw: Gateway, *, length: int, key: str | None = None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A raw connection that announces a `length`-byte completion, sends its first
+    byte and no more."""
+    host, port = gw.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    auth = b"" if key is None else b"authorization: Bearer %s\r\n" % key.encode()
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"%scontent-length: %d\r\n\r\n{" % (auth, length)
+    )
+    await writer.drain()
+    return reader, writer
+
+
+async def answer_head(reader: asyncio.StreamReader) -> tuple[bytes, dict[str, str]]:
+    """The status line and header fields the gateway answered with (before the body it
+    announced has come)."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), ANSWERED_S)
+    status, *fields = head.decode().split("\r\n")
+    pairs = (f.split(":", 1) for f in fields if ":" in f)
+    return status.encode(), {name.lower(): value.strip() for name, value in pairs}
+
+
+async def test_a_request_without_a_known_key_spends_no_upload_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Key-less bodies announced and never sent once took the gateway's whole upload
+    budget (every other client's POST then 429): the key is checked from the head,
+    before a body byte is read or counted."""
+    async with auth_gateway(monkeypatch, limits=GatewayLimits(max_upload_bytes=MiB)) as (
+        gw, _, http,
+    ):  # fmt: skip
+        gw.state.access.apply_key("ADDED", access_key("app"))
+        announcers = [
+            await announce(gw, length=900 * 1024),
+            await announce(gw, length=900 * 1024, key="kama_not-a-key"),
+        ]
+        for reader, _ in announcers:
+            status, _ = await answer_head(reader)
+            assert status.startswith(b"HTTP/1.1 401"), status
+        assert gw.front.uploading == 0, "nothing of a refused body counted"
+        big = body() | {"prompt": "b" * (200 * 1024)}
+        url = f"{gw.url}/v1/completions"
+        assert (await http.post(url, json=big, headers=bearer(KEY))).status_code == 200
+        for _, writer in announcers:
+            writer.close()
+
+
+async def test_a_key_over_its_request_limit_is_refused_before_its_body(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with auth_gateway(monkeypatch, limits=GatewayLimits(max_upload_bytes=MiB)) as (
+        gw, _, http,
+    ):  # fmt: skip
+        gw.state.access.apply_key("ADDED", access_key("app", requestsPerMinute=1))
+        url = f"{gw.url}/v1/completions"
+        assert (await http.post(url, json=body(), headers=bearer(KEY))).status_code == 200
+        reader, writer = await announce(gw, length=900 * 1024, key=KEY)
+        status, fields = await answer_head(reader)
+        assert status.startswith(b"HTTP/1.1 429"), status
+        assert int(fields["retry-after"]) > 0
+        assert gw.front.uploading == 0
+        writer.close()
+
+
+async def test_refused_bodies_are_drained_only_within_their_own_allowance(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A refused request's body is read and dropped so its client reads the answer,
+    but key-less clients get a small allowance of such drains of their own: past it,
+    the refusal closes the connection instead of reading on."""
+    monkeypatch.setattr(front, "REFUSED_DRAINS", 2)
+    async with auth_gateway(monkeypatch) as (gw, _, _http):
+        announcers = [await announce(gw, length=MiB) for _ in range(4)]
+        closes = []
+        for reader, _ in announcers:
+            status, fields = await answer_head(reader)
+            assert status.startswith(b"HTTP/1.1 401"), status
+            closes.append(fields.get("connection") == "close")
+        assert closes == [False, False, True, True], "two drained, the rest closed"
+        assert gw.front.draining_refused <= 2
+        for _, writer in announcers:
+            writer.close()
 
 
 async def test_requests_need_a_known_key(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,9 +20,10 @@ import httpx
 import pytest
 
 from gateway.app import GatewayHolder, GatewayState, build_apps
-from gateway.held import DEFAULT_MAX_HELD_BYTES
+from gateway.held import DEFAULT_LIMITS, DEFAULT_MAX_HELD_BYTES, GatewayLimits
 from gateway.registry import Model
 from gateway.transport import front
+from gateway.transport.front import PublicFront
 from gateway.transport.serve import Listen, serve
 from kamadev.processes import free_port
 from tests.unit.gateway_support import deployment, fixed_state, pod
@@ -158,6 +159,7 @@ class Gateway:
     replica: Replica
     stop: asyncio.Event
     task: asyncio.Task[None]
+    front: PublicFront
 
     def in_flight(self) -> int:
         model = self.state.registry.models[MODEL]
@@ -176,6 +178,7 @@ async def running_gateway(
     slots: int = 4,
     max_held_bytes: int = DEFAULT_MAX_HELD_BYTES,
     auth: str = "disabled",
+    limits: GatewayLimits = DEFAULT_LIMITS,
 ) -> AsyncIterator[Gateway]:
     replica = Replica(port=free_port())
     listener = await asyncio.start_server(replica.handle, "127.0.0.1", replica.port)
@@ -188,7 +191,7 @@ async def running_gateway(
         max_held_bytes=max_held_bytes,
         auth=auth,
     )
-    public, ops = build_apps(holder)
+    public, ops = build_apps(holder, limits=limits)
     port, ops_port, stop = free_port(), free_port(), asyncio.Event()
     task = asyncio.create_task(
         serve(
@@ -208,6 +211,7 @@ async def running_gateway(
         replica=replica,
         stop=stop,
         task=task,
+        front=public,
     )
     async with httpx.AsyncClient() as http:
         for _ in range(100):
