@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from pydantic import ValidationError
 from temporalio import workflow
 
 from workflows.kube_calls import call_kube
@@ -37,6 +38,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from kama.reasons import DeploymentReason
     from kama.serving_pod import ServingTemplate, serving_selector
+    from kama.validation_problems import describe_problems
 
 
 class PlanVerdict(StrEnum):
@@ -74,7 +76,12 @@ async def plan_deployment(
     needed |= {ref: inputs.adapter_statuses.get(ref) for ref in adapter_refs}
     ready: dict[str, ModelArtifactStatus] = {}
     for name, raw in needed.items():  # the model first, then its draft and adapters
-        found = None if raw is None else ModelArtifactStatus.model_validate(raw)
+        try:
+            found = None if raw is None else ModelArtifactStatus.model_validate(raw)
+        except ValidationError as exc:  # forged or corrupt: bounds the importer never writes
+            problems = describe_problems(exc, prefix="status.")
+            why = f"ModelArtifact {name} has a status Kama cannot use: {problems}"
+            return PlanOutcome(PlanVerdict.UNUSABLE, [artifact_unusable(why)])
         if found is None or not artifact_is_ready(found):
             waiting = artifact_waiting(name=name, artifact=found)
             return PlanOutcome(PlanVerdict.WAITING, [waiting])

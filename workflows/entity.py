@@ -39,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.kube import EventRequest, KubeActivities, StatusPatch
     from kama.api.meta import WORKFLOW_ID_FIELD
     from kama.contracts import RETRY, SPEC_CHANGED, EntitySnapshot, WorkflowStatus
+    from kama.validation_problems import describe_problems
 
 HISTORY_LIMIT = 2000
 """Events in one run of an entity workflow before it continues as new."""
@@ -53,12 +54,7 @@ SPEC_PROBLEMS_SHOWN = 4
 def spec_invalid(error: ValidationError) -> ApplicationError:
     """A stored spec that does not validate, as the typed error `_blocked` reports:
     `spec.<field>: <why>` for each of the first few problems."""
-    problems = [
-        "spec." + ".".join(str(part) for part in found["loc"]) + ": " + found["msg"]
-        for found in error.errors()[:SPEC_PROBLEMS_SHOWN]
-    ]
-    more = error.error_count() - len(problems)
-    message = "; ".join(problems) + (f"; and {more} more" if more > 0 else "")
+    message = describe_problems(error, prefix="spec.", shown=SPEC_PROBLEMS_SHOWN)
     return ApplicationError(
         f"the stored spec does not validate: {message}", type=SPEC_INVALID, non_retryable=True
     )

@@ -14,11 +14,21 @@ from typing import Annotated, Final
 
 from pydantic import Field
 
+from kama.api.gguf_bounds import (
+    MAX_CONTEXT,
+    MAX_EXPERTS,
+    MAX_HEADS,
+    MAX_LAYERS,
+    MAX_VOCAB,
+    MAX_WIDTH,
+)
 from kama.api.meta import KamaModel
 
 __all__ = ["MAX_LAYERS", "GGUFInfo", "MemoryLayoutInfo", "WeightLayout"]
 
-MAX_LAYERS: Final = 1024
+# Every count below is bounded by `kama.api.gguf_bounds`, which the import's parser
+# applies too: the status is written by the importer, but anyone who may write
+# `modelartifacts/status` can forge it, and the planner's work grows with these counts.
 _BLOCK_NAME: Final = re.compile(r"^blk\.(\d+)\.")
 
 
@@ -73,21 +83,21 @@ class MemoryLayoutInfo(KamaModel):
     """Which layers hold which per-sequence memory, as llama.cpp lays the architecture
     out (``kama.architectures``); the planner sizes KV and recurrent state from it."""
 
-    sliding_window: int | None = Field(default=None, ge=1)
+    sliding_window: int | None = Field(default=None, ge=1, le=MAX_CONTEXT)
     """Tokens a sliding-window layer keeps (n_swa)."""
-    sliding_layers: list[Annotated[int, Field(ge=0)]] = Field(
+    sliding_layers: list[Annotated[int, Field(ge=0, lt=MAX_LAYERS)]] = Field(
         default_factory=list, max_length=MAX_LAYERS
     )
     """Layers whose KV cache holds only the sliding window."""
-    recurrent_layers: list[Annotated[int, Field(ge=0)]] = Field(
+    recurrent_layers: list[Annotated[int, Field(ge=0, lt=MAX_LAYERS)]] = Field(
         default_factory=list, max_length=MAX_LAYERS
     )
     """Layers with a recurrent (state-space, linear-attention) state."""
-    kv_free_layers: list[Annotated[int, Field(ge=0)]] = Field(
+    kv_free_layers: list[Annotated[int, Field(ge=0, lt=MAX_LAYERS)]] = Field(
         default_factory=list, max_length=MAX_LAYERS, alias="kvFreeLayers"
     )
     """Layers without a KV cache."""
-    kv_cell_widths: list[Annotated[int, Field(ge=0)]] | None = Field(
+    kv_cell_widths: list[Annotated[int, Field(ge=0, le=MAX_HEADS * MAX_WIDTH)]] | None = Field(
         default=None, min_length=2, max_length=2, alias="kvCellWidths"
     )
     """(K, V) elements of one KV cell per layer when the cache is not heads x head
@@ -112,32 +122,32 @@ class GGUFInfo(KamaModel):
     """Quantization / file type, e.g. Q4_K_M."""
     parameter_count: int | None = Field(default=None, ge=0)
     """Number of weights."""
-    layers: int | None = Field(default=None, ge=0)
+    layers: int | None = Field(default=None, ge=0, le=MAX_LAYERS)
     """Transformer blocks (block_count)."""
-    context_length: int | None = Field(default=None, ge=0)
+    context_length: int | None = Field(default=None, ge=0, le=MAX_CONTEXT)
     """Native (training) context length in tokens."""
-    embedding_length: int | None = Field(default=None, ge=0)
+    embedding_length: int | None = Field(default=None, ge=0, le=MAX_WIDTH)
     """Embedding width."""
-    head_count: int | None = Field(default=None, ge=0)
+    head_count: int | None = Field(default=None, ge=0, le=MAX_HEADS)
     """Attention heads."""
-    head_count_kv: int | None = Field(default=None, ge=0, alias="headCountKV")
+    head_count_kv: int | None = Field(default=None, ge=0, le=MAX_HEADS, alias="headCountKV")
     """Key/value heads (grouped-query attention); the maximum when given per layer."""
-    head_count_kv_per_layer: list[Annotated[int, Field(ge=0)]] | None = Field(
+    head_count_kv_per_layer: list[Annotated[int, Field(ge=0, le=MAX_HEADS)]] | None = Field(
         default=None, max_length=MAX_LAYERS, alias="headCountKVPerLayer"
     )
     """Key/value heads of each layer, in layer order, when the file gives them per layer
     (the planner sizes each layer's KV cache from them)."""
-    head_dim_k: int | None = Field(default=None, ge=0)
+    head_dim_k: int | None = Field(default=None, ge=0, le=MAX_WIDTH)
     """Key head dimension."""
-    head_dim_v: int | None = Field(default=None, ge=0)
+    head_dim_v: int | None = Field(default=None, ge=0, le=MAX_WIDTH)
     """Value head dimension."""
-    expert_count: int | None = Field(default=None, ge=0)
+    expert_count: int | None = Field(default=None, ge=0, le=MAX_EXPERTS)
     """Experts per layer (mixture of experts), if any."""
-    expert_used_count: int | None = Field(default=None, ge=0)
+    expert_used_count: int | None = Field(default=None, ge=0, le=MAX_EXPERTS)
     """Experts used per token, if any."""
-    feed_forward_length: int | None = Field(default=None, ge=0)
+    feed_forward_length: int | None = Field(default=None, ge=0, le=MAX_WIDTH)
     """Feed-forward width (the maximum when given per layer)."""
-    vocab_size: int | None = Field(default=None, ge=0)
+    vocab_size: int | None = Field(default=None, ge=0, le=MAX_VOCAB)
     """Tokens in the vocabulary."""
     weights: WeightLayout | None = None
     """Tensor bytes by layer, for placement."""

@@ -1,7 +1,7 @@
 """The facts of one GGUF header: what the planner needs to know about a model file,
 typed and bounded.
 
-Every number is checked against the bounds of ``kama.gguf.bounds`` and every
+Every number is checked against the bounds of ``kama.api.gguf_bounds`` and every
 well-known key against its type, so nothing computed from the facts, such as a list
 per layer in the artifact's status, can be made large by a small file; a key of the
 wrong type or out of range is ``InvalidGGUF``. A shard set's facts are its first
@@ -15,8 +15,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kama.architectures import LAYOUT_KEYS
-from kama.gguf.bounds import (
+from kama.api.gguf_bounds import (
     MAX_CONTEXT,
     MAX_EXPERTS,
     MAX_FILE_TYPE,
@@ -27,6 +26,7 @@ from kama.gguf.bounds import (
     MAX_VOCAB,
     MAX_WIDTH,
 )
+from kama.architectures import LAYOUT_KEYS
 from kama.gguf.header import GGUFHeader, InvalidGGUF, SkippedArray
 
 __all__ = [
@@ -61,7 +61,7 @@ MAX_GENERAL_TYPE = 64  # general.type is a short word; no longer is kept in a st
 class GGUFFacts:
     """What the planner needs to know about a model file (or, merged, a shard set).
 
-    Every number lies within ``kama.gguf.bounds`` (``MAX_LAYERS`` and friends), so nothing
+    Every number lies within ``kama.api.gguf_bounds`` (``MAX_LAYERS`` and friends), so nothing
     derived from it, such as a list per layer, can be made large by a small file.
     """
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kama.gguf.bounds import MAX_TENSORS
+from kama.api.gguf_bounds import MAX_TENSORS
 
 __all__ = [
     "DEFAULT_LIMITS",

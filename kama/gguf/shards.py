@@ -13,7 +13,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from kama.gguf.bounds import MAX_TENSORS
+from kama.api.gguf_bounds import MAX_TENSORS
 from kama.gguf.facts import GGUFFacts, HeaderSplit, header_facts, split_of
 from kama.gguf.header import GGUFHeader, InvalidGGUF
 

@@ -30,7 +30,7 @@ from activities.cache import gguf_facts
 from activities.gguf_files import inspect_file, inspect_files
 from activities.import_payloads import DownloadedFile
 from kama.api import GGUFInfo
-from kama.gguf import bounds as g
+from kama.api import gguf_bounds as g
 from kama.gguf.header import GGUFHeader, HeaderLimits, InvalidGGUF
 from kama.gguf.reader import _SKIP_CHUNK, read_header
 from kama.gguf.shards import MissingShard

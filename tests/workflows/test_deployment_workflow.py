@@ -22,7 +22,14 @@ from kama.contracts import (
     wake_workflow_id,
 )
 from tests.workflows import scenarios
-from tests.workflows.fakes import CRASHES, NODES, STARTS_READY, STAYS_PENDING, condition
+from tests.workflows.fakes import (
+    CRASHES,
+    NODES,
+    STARTS_READY,
+    STAYS_PENDING,
+    condition,
+    ready_artifact_status,
+)
 from tests.workflows.scenarios import Stage, staged
 from tests.workflows.time_skipping import TimeSkippingServer
 from workflows.deployment import DeploymentWorkflow
@@ -234,6 +241,31 @@ async def test_not_ready_while_the_artifact_is_missing(time_skipping: TimeSkippi
             what="a Ready condition",
         )
         assert ready_of(stage, "orphan") == ("False", "ArtifactMissing")
+
+
+@pytest.mark.parametrize(
+    ("field", "forged"),
+    [("layers", 300_000_000), ("contextLength", 1 << 40), ("vocabSize", 10**12)],
+)
+async def test_forged_gguf_facts_end_in_a_condition_not_a_retried_task(
+    time_skipping: TimeSkippingServer, field: str, forged: int
+) -> None:
+    """Anyone who may write an artifact's status can forge its GGUF facts; the planner
+    runs in workflow code, where 3e8 layers once took the shared worker out of memory
+    and failed the workflow task forever (replayed on every restart). Facts past
+    `kama.api.gguf_bounds` make the artifact unusable, said in a condition."""
+    status = ready_artifact_status()
+    status["gguf"] = {**status["gguf"], field: forged}
+    async with staged(time_skipping, artifact_status=status) as stage:
+        await scenarios.start_deployment(stage, "forged", scenarios.deployment_spec(replicas=1))
+        await stage.until(
+            lambda: ready_of(stage, "forged")[1] == "ArtifactNotUsable",
+            within=timedelta(seconds=30),
+            what="the artifact found unusable",
+        )
+        found = condition(stage.cluster.status(DEPLOYMENTS, "forged"), "ArtifactReady") or {}
+        assert field in found["message"], found
+        assert not stage.cluster.pods, "nothing placed from forged facts"
 
 
 async def test_cpu_placement_asked_for_is_not_degraded(time_skipping: TimeSkippingServer) -> None:

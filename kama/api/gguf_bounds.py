@@ -3,7 +3,10 @@
 They sit a few times above the largest real models (and no higher than what the
 artifact's status can hold), so a header cannot make anything derived from it large:
 the status keeps one entry per layer. A file whose facts are out of range is
-``InvalidGGUF``, which the import treats as final instead of retrying.
+``InvalidGGUF``, which the import treats as final instead of retrying. Part of the API
+because the artifact status's schema (``kama.api.gguf_info``, and so the CRD) holds
+every count to them too: a status can be written by anyone allowed to, not only by the
+import, and the planner's work grows with these counts.
 """
 
 __all__ = [
