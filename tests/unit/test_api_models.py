@@ -23,6 +23,7 @@ from kama.api import (
     CacheConditionType,
     Condition,
     ConditionStatus,
+    GGUFInfo,
     ModelArtifact,
     ModelArtifactSpec,
     ModelArtifactStatus,
@@ -444,3 +445,28 @@ def test_examples_parse_into_the_models() -> None:
         if doc["kind"] == "ModelArtifact" and "persistentVolumeClaim" in doc["spec"]["source"]
     }
     assert modes == {"Copy", "Direct"}
+
+
+@pytest.mark.parametrize(
+    ("field", "forged"),
+    [
+        ("layers", 300_000_000),
+        ("contextLength", 1 << 40),
+        ("embeddingLength", 1 << 30),
+        ("headCount", 1 << 20),
+        ("headCountKV", 1 << 20),
+        ("headDimK", 1 << 30),
+        ("expertCount", 1 << 20),
+        ("feedForwardLength", 1 << 30),
+        ("vocabSize", 10**12),
+    ],
+)
+def test_gguf_facts_past_the_parsers_bounds_are_refused_naming_the_field(
+    field: str, forged: int
+) -> None:
+    """The artifact status holds each count to the bounds the import's parser applies
+    (`kama.api.gguf_bounds`): a status forged past them does not validate, so neither
+    the API server (the CRD's maximum) nor the planner (a condition) accepts it."""
+    GGUFInfo.model_validate({field: 1})
+    with pytest.raises(ValidationError, match=field):
+        GGUFInfo.model_validate({field: forged})
