@@ -28,6 +28,7 @@ from kamadev.keda import LocalKeda
 from kamadev.processes import ManagedProcess, free_port, processes_with_marker, wait_until
 from kamadev.stack import KAMA_IMAGE, KAMA_LLAMA_IMAGE, LocalStack
 from kamadev.suite_lanes import suite_lane
+from tests.pod_logs import keep_namespace_evidence
 from tests.support import eventually, exists, kubectl
 
 
@@ -51,20 +52,30 @@ def pytest_runtest_makereport(
 PHASE_REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
 
 
+def failed(request: pytest.FixtureRequest) -> bool:
+    """Whether the test that asked for the fixture failed (its setup or its call)."""
+    reports = request.node.stash.get(PHASE_REPORTS, {})
+    return not all(report.passed for report in reports.values())
+
+
+def kept_logs_dir(request: pytest.FixtureRequest) -> Path:
+    """`test-results/kept-logs/<test>`: where a failed test's evidence goes."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.nodeid)
+    return REPO_ROOT / "test-results" / "kept-logs" / name
+
+
 @pytest.fixture
 def kept_logs(request: pytest.FixtureRequest) -> Iterator[Path]:
     """A directory for the logs a test follows (`tests.pod_logs`), kept under
     `test-results/kept-logs/<test>` when the test fails and removed when it passes."""
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.nodeid)
-    directory = REPO_ROOT / "test-results" / "kept-logs" / name
+    directory = kept_logs_dir(request)
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
     yield directory
-    reports = request.node.stash.get(PHASE_REPORTS, {})
-    if all(report.passed for report in reports.values()):
-        shutil.rmtree(directory, ignore_errors=True)
-    else:
+    if failed(request):
         print(f"\nlogs kept: {directory}")
+    else:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -97,9 +108,15 @@ def fresh_namespace(stack: LocalStack, *, prefix: str = "t") -> Iterator[str]:
 
 
 @pytest.fixture
-def namespace(stack: LocalStack) -> Iterator[str]:
-    """A fresh namespace per test."""
-    yield from fresh_namespace(stack)
+def namespace(stack: LocalStack, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace per test; when the test fails, its pods' logs, its events and
+    the stack's Kama process logs are kept (`tests.pod_logs.keep_namespace_evidence`)
+    before the namespace goes."""
+    for name in fresh_namespace(stack):
+        yield name
+        if failed(request):
+            kept = keep_namespace_evidence(stack, namespace=name, into=kept_logs_dir(request))
+            print(f"\nlogs kept: {kept}")
 
 
 @pytest.fixture(scope="session")
