@@ -87,6 +87,10 @@ LOAD_LOG_LINES = 4000
 TERMINATION_LOG = Path("/dev/termination-log")  # the pod's terminationMessagePath
 OFFLOAD_FAILED_EXIT = 3
 METRICS_MAX_BYTES = 1 << 20  # llama-server's /metrics is a few KiB
+# the probe port is reachable by other pods: a connection that sends no request in this
+# long is dropped, and no more than this many are handled at once (past it, closed)
+PROBE_HANDLER_TIMEOUT_S = 5.0
+PROBE_HANDLER_THREADS = 16
 
 
 @dataclass(frozen=True)
@@ -421,6 +425,8 @@ class Supervisor:
         supervisor = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = PROBE_HANDLER_TIMEOUT_S
+
             def log_message(self, format: str, *args: Any) -> None:
                 return
 
@@ -450,12 +456,37 @@ class Supervisor:
                 self.end_headers()
                 self.wfile.write(body)
 
-        server = ThreadingHTTPServer(listener.getsockname()[:2], Handler, bind_and_activate=False)
+        server = CappedHTTPServer(listener.getsockname()[:2], Handler, bind_and_activate=False)
         server.socket.close()
         server.socket, server.server_address = listener, listener.getsockname()[:2]
         server.daemon_threads = True
         threading.Thread(target=server.serve_forever, name="probes", daemon=True).start()
         return server
+
+
+class CappedHTTPServer(ThreadingHTTPServer):
+    """A thread per connection, at most PROBE_HANDLER_THREADS at once: a connection
+    past the cap is closed unanswered (the kubelet's next probe comes a period later)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.handlers = threading.BoundedSemaphore(PROBE_HANDLER_THREADS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.handlers.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.handlers.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.handlers.release()
 
 
 def _stop_for(supervisor: Supervisor, *, server: ThreadingHTTPServer, failure: str) -> int:
