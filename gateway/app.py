@@ -228,7 +228,9 @@ def public_app(holder: GatewayHolder) -> FastAPI:
 
 def ops_app(holder: GatewayHolder) -> FastAPI:
     """The operational port: liveness (every watch alive), readiness (every watch
-    listed and connected) and metrics."""
+    listed once and alive: a watch failing now leaves the gateway routing from its last
+    listing, ready, with how long each has failed in `/readyz` and on the metrics) and
+    metrics."""
     app = _fastapi("Kama gateway operations")
 
     @app.get("/healthz")
@@ -239,13 +241,16 @@ def ops_app(holder: GatewayHolder) -> FastAPI:
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
         health = holder.state.health
-        ready = health.ready()
+        ready = health.listed()
         return JSONResponse(
             {"ready": ready, "watches": health.report()}, status_code=200 if ready else 503
         )
 
     @app.get("/metrics")
     async def metrics() -> Response:
+        state = holder.state
+        for name, watch in state.health.report().items():
+            state.metrics.watch_failing.labels(name).set(watch["failingForSeconds"] or 0.0)
         return Response(
             generate_latest(holder.state.metrics.registry), media_type=CONTENT_TYPE_LATEST
         )

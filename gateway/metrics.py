@@ -184,6 +184,13 @@ class GatewayMetrics:
         self.registry.register(self.keys)
         self._series: dict[tuple[str, str, str], RequestSeries] = {}
         r = self.registry
+        self.watch_failing = Gauge(
+            "kama_gateway_watch_failing_seconds",
+            "How long each watch has failed in a row (0: connected); the gateway routes "
+            "from its last listing meanwhile",
+            ["collection"],
+            registry=r,
+        )
         self.queued = Gauge(
             "kama_gateway_queued", "Requests held for a replica", ["model"], registry=r
         )

@@ -105,6 +105,15 @@ class WatchHealth:
                 for c in self.collections.values()
             )
 
+    def listed(self) -> bool:
+        """Every watch has listed once and its loop is alive, failing right now or not:
+        what a process that serves from its last listing (the gateway) needs to be
+        ready, so that an API-server blip is not a data-plane outage."""
+        with self.lock:
+            return bool(self.collections) and all(
+                c.alive and c.synced for c in self.collections.values()
+            )
+
     def alive(self) -> bool:
         with self.lock:
             return all(c.alive for c in self.collections.values())

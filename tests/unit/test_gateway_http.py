@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -391,6 +392,24 @@ async def test_operations_are_on_their_own_port_without_redirects() -> None:
         assert (
             await http.post(f"{gw.ops_url}/v1/completions", json=completion())
         ).status_code == 404
+
+
+async def test_a_watch_failing_for_long_keeps_the_gateway_ready_and_says_how_stale() -> None:
+    """An API-server blip must not become a data-plane outage: once every watch has
+    listed, the gateway stays ready while a watch fails (it routes from what it last
+    saw), and says how long each has been failing on its metrics."""
+    async with running_gateway() as gw, httpx.AsyncClient() as http:
+        pods = gw.state.health.track("pods")
+        pods.synced = True
+        pods.failing_since = time.monotonic() - 3600  # an hour without the API server
+        ready = await http.get(f"{gw.ops_url}/readyz")
+        assert ready.status_code == 200, ready.text
+        assert ready.json()["watches"]["pods"]["failingForSeconds"] >= 3600
+        metrics = (await http.get(f"{gw.ops_url}/metrics")).text
+        stale = [line for line in metrics.splitlines() if line.startswith("kama_gateway_watch_")]
+        assert any('collection="pods"' in line for line in stale), stale
+        pods.alive = False  # a watch loop that died is not ready (and not live)
+        assert (await http.get(f"{gw.ops_url}/readyz")).status_code == 503
 
 
 async def raw(url: str, data: bytes, *, wait_s: float = WAIT_S) -> bytes:
