@@ -13,17 +13,15 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes import client as k8s
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.kube_clients import KubeClients
 from activities.kube_errors import Invalid, KubeTarget, NotFound, kube_call
-from kama.api import API_VERSION, FINALIZER, GROUP, VERSION
+from kama.api import FINALIZER, GROUP, VERSION
 from kama.contracts import ARTIFACTS, DEPLOYMENTS, ObjectRef
+from kama.kube_events import event_manifest
 from kama.reasons import Failure
-
-EVENT_MESSAGE_LIMIT = 1024  # characters of an Event's message
 
 
 @dataclass(frozen=True)
@@ -69,27 +67,17 @@ class KamaObjectActivities(KubeClients):
 
     @activity.defn(name="Record event")
     def record_event(self, request: EventRequest) -> None:
-        now = datetime.datetime.now(datetime.UTC)
-        event = k8s.CoreV1Event(
-            metadata=k8s.V1ObjectMeta(
-                name=f"{request.ref.name}.{uuid.uuid4().hex[:12]}", namespace=request.ref.namespace
-            ),
-            involved_object=k8s.V1ObjectReference(
-                api_version=API_VERSION,
-                kind=request.kind,
-                name=request.ref.name,
-                namespace=request.ref.namespace,
-                uid=request.ref.uid,
-            ),
-            reason=request.reason,
-            message=request.message[:EVENT_MESSAGE_LIMIT],
+        event = event_manifest(
+            kind=request.kind,
+            namespace=request.ref.namespace,
+            name=request.ref.name,
+            uid=request.ref.uid,
             type=request.type,
-            source=k8s.V1EventSource(component="kama"),
-            first_timestamp=now,
-            last_timestamp=now,
-            count=1,
-            reporting_component="kama.dev/controller",
-            reporting_instance="kama-worker",
+            reason=request.reason,
+            message=request.message,
+            now=datetime.datetime.now(datetime.UTC),
+            suffix=uuid.uuid4().hex[:12],
+            instance="kama-worker",
         )
         target = KubeTarget(resource="events", namespace=request.ref.namespace)
         with kube_call(verb="create", target=target):

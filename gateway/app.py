@@ -50,6 +50,7 @@ from gateway.held import DEFAULT_LIMITS, GatewayLimits
 from gateway.inference import InferenceRoutes
 from gateway.keda_demand import GatewayDemandSource
 from gateway.keda_scaler import KedaExternalScaler, serve_keda_scaler, stop_keda_scaler
+from gateway.key_warnings import KeyEventRecorder
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, Proxy
 from gateway.registry import ModelRegistry
@@ -273,10 +274,13 @@ def create_app(
     async def lifespan() -> AsyncIterator[None]:
         metrics, health = GatewayMetrics(), WatchHealth()
         registry = ModelRegistry(metrics=metrics, serving_key=settings.serving_key)
+        api = api_factory()
+        key_events = KeyEventRecorder(api=api)
         access = AccessControl(
             metrics=metrics,
             mode=settings.gateway_auth,
             cross_namespace_grants=settings.gateway_cross_namespace_grants,
+            warn=key_events,
         )
         if not access.enabled:
             log.warning("KAMA_GATEWAY_AUTH=disabled: every client may use every model")
@@ -306,7 +310,7 @@ def create_app(
                 access=access,
             )
             start_watches(
-                api=api_factory(),
+                api=api,
                 registry=registry,
                 access=access,
                 health=health,
@@ -343,6 +347,7 @@ def create_app(
                 stop.set()
                 for task in background:
                     task.cancel()
+                await key_events.close()
                 if keda is not None:
                     await stop_keda_scaler(keda)
 

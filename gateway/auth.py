@@ -1,14 +1,21 @@
 """Who may use which model through the public port: API keys, kept from a watch.
 
-A key is a random string its tenant holds; the gateway knows only its SHA-256, from
-the ModelAccessKeys it watches (`kama.api.access_key`), never a Secret. A request
-names its key as `Authorization: Bearer <key>` (or `x-api-key: <key>`); the gateway
-hashes what it was handed and looks the digest up, so the time a lookup takes says
-nothing about how close a guess came. Rotation needs no restart: a new object is
+A key is a string its tenant holds that names its ModelAccessKey,
+`kama_<namespace>_<name>_<secret>` (`kama.api.access_key`); the gateway knows only its
+SHA-256, from the ModelAccessKeys it watches, never a Secret. A request names its key
+as `Authorization: Bearer <key>` (or `x-api-key: <key>`); the gateway hashes what it
+was handed and compares the digest with the hash of the one object the key names
+(`hmac.compare_digest`), so the time a check takes says nothing about how close a
+guess came, a hash copied into another object grants nothing, and a string that is
+not a minted key (`EMPTY`, `sk-...`) is no key whatever object holds its hash. Two
+objects holding the same hash are no key at all: a copied hash means the key may be
+known beyond its owner. Each of them gets a Warning Event (`DuplicateKeyHash`), and
+the key works again once one hash is left. Rotation needs no restart: a new object is
 usable as soon as the watch delivers it, a deleted one stops at once.
 
 What the caller learns (`AccessControl` and `check_model`):
-- no key, an unknown or disabled key: 401 `invalid_api_key`;
+- no key, a string that is not a minted key, an unknown or disabled key, a key whose
+  hash another object holds too: 401 `invalid_api_key`;
 - a model of a namespace the key does not grant: 404 `model_not_found`, the answer
   for a model that does not exist, so a key learns nothing about other tenants;
 - a model of a granted namespace that the key's `models` leaves out: 403
@@ -22,8 +29,6 @@ tenant claiming an alias first cannot take it from a key.
 
 A key grants its own namespace; `namespaces` adds others only when the operator set
 `cross_namespace_grants` (otherwise any tenant could grant itself anyone's models).
-Two objects with the same hash: the older one (creationTimestamp, then
-`<namespace>/<name>`) is the key, so a copy made later grants nothing.
 
 `mode="disabled"` answers everything without a key: only when configured so
 (KAMA_GATEWAY_AUTH=disabled)."""
@@ -31,6 +36,7 @@ Two objects with the same hash: the older one (creationTimestamp, then
 from __future__ import annotations
 
 import hashlib
+import hmac
 import logging
 import time
 from collections.abc import Callable
@@ -44,7 +50,7 @@ from gateway.auth_limits import KeyLimits
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics, KeyUsage
 from gateway.registry import Model, ModelRegistry
-from kama.api.access_key import ModelAccessKeySpec
+from kama.api.access_key import KEY_PREFIX, MIN_SECRET_CHARS, ModelAccessKeySpec, key_object
 
 log = logging.getLogger("kama.gateway")
 
@@ -55,6 +61,16 @@ MISSING_KEY = (
     "(a ModelAccessKey in your namespace holds the key's SHA-256)"
 )
 UNKNOWN_KEY = "the API key is not valid (unknown, disabled or deleted)"
+NOT_A_KEY = (
+    f"the API key is not a Kama key: keys read {KEY_PREFIX}<namespace>_<name>_<secret>, "
+    f"naming their ModelAccessKey, with a secret of at least {MIN_SECRET_CHARS} characters "
+    "(kama access-key create mints them)"
+)
+SHARED_HASH = (
+    "the API key is refused: more than one ModelAccessKey holds its hash (see the Warning "
+    "Events on yours); it works again once only its own object holds it"
+)
+DUPLICATE_REASON = "DuplicateKeyHash"
 CHALLENGE = (("www-authenticate", 'Bearer realm="kama"'),)
 
 
@@ -147,18 +163,24 @@ class Caller:
     usage: KeyUsage
 
 
+KeyWarning = Callable[[AccessKey, str, str], None]  # (object, reason, message)
+
+
 @dataclass
 class AccessControl:
-    """The keys the gateway knows, by digest, kept from the ModelAccessKey watch (on
-    the event loop, like the registry); `authenticate` and `admit` per request."""
+    """The keys the gateway knows, by object, kept from the ModelAccessKey watch (on
+    the event loop, like the registry); `authenticate` and `admit` per request.
+    `warn` records a Warning Event on a key's object (the wiring's; the unit tests'
+    list)."""
 
     metrics: GatewayMetrics
     mode: str = "apikey"
     cross_namespace_grants: bool = False
     clock: Callable[[], float] = time.monotonic
+    warn: KeyWarning | None = None
     _callers: dict[str, Caller] = field(default_factory=dict)  # <ns>/<name> -> caller
     _claims: dict[str, set[str]] = field(default_factory=dict)  # digest -> object keys
-    _by_digest: dict[str, Caller] = field(default_factory=dict)  # digest -> its owner
+    _warned: set[tuple[str, str]] = field(default_factory=set)  # (uid, digest) warned of
 
     def __post_init__(self) -> None:
         if self.mode not in AUTH_MODES:
@@ -206,7 +228,7 @@ class AccessControl:
             if old_digest != key.digest:
                 self._unclaim(old_digest, object_key)
         self._claims.setdefault(key.digest, set()).add(object_key)
-        self._elect(key.digest)
+        self._check_shared(key.digest)
 
     def _remove(self, object_key: str) -> None:
         caller = self._callers.pop(object_key, None)
@@ -221,23 +243,27 @@ class AccessControl:
             claims.discard(object_key)
             if not claims:
                 del self._claims[digest]
-        self._elect(digest)
+            if len(claims) < 2:  # no longer shared: a new copy is warned of again
+                self._warned = {w for w in self._warned if w[1] != digest}
 
-    def _elect(self, digest: str) -> None:
-        """The oldest object claiming `digest` is the key (see the module's doc)."""
-        claims = self._claims.get(digest)
-        if not claims:
-            self._by_digest.pop(digest, None)
+    def _check_shared(self, digest: str) -> None:
+        """Warn each object of a hash more than one holds, once per object and hash."""
+        claims = self._claims.get(digest, set())
+        if len(claims) < 2:
             return
-        callers = [self._callers[k] for k in claims]
-        owner = min(callers, key=lambda c: (c.key.created, c.key.key))
-        if len(callers) > 1:
-            log.warning(
-                "ModelAccessKeys %s hold the same key hash: only %s (the oldest) counts",
-                ", ".join(sorted(claims)),
-                owner.key.key,
+        for object_key in sorted(claims):
+            key = self._callers[object_key].key
+            if (key.uid, digest) in self._warned:
+                continue
+            self._warned.add((key.uid, digest))
+            message = (
+                f"{len(claims)} ModelAccessKeys hold the same key hash as this one: the "
+                "gateway refuses the key until only one does (a copied hash means the key "
+                "may be known beyond its owner; mint a new one)"
             )
-        self._by_digest[digest] = owner
+            log.warning("ModelAccessKey %s: %s", object_key, message)
+            if self.warn is not None:
+                self.warn(key, DUPLICATE_REASON, message)
 
     # requests -------------------------------------------------------------------
 
@@ -248,12 +274,19 @@ class AccessControl:
         presented = presented_key(headers)
         if presented is None:
             raise GatewayError(401, MISSING_KEY, code="invalid_api_key", headers=CHALLENGE)
-        caller = None
-        if len(presented) <= MAX_KEY_CHARS:
-            digest = hashlib.sha256(presented.encode("utf-8", "surrogateescape")).hexdigest()
-            caller = self._by_digest.get(digest)
-        if caller is None or caller.key.disabled:
+        named = key_object(presented) if len(presented) <= MAX_KEY_CHARS else None
+        if named is None:
+            raise GatewayError(401, NOT_A_KEY, code="invalid_api_key", headers=CHALLENGE)
+        digest = hashlib.sha256(presented.encode("utf-8", "surrogateescape")).hexdigest()
+        caller = self._callers.get("/".join(named))
+        if (
+            caller is None
+            or not hmac.compare_digest(digest, caller.key.digest)
+            or caller.key.disabled
+        ):
             raise GatewayError(401, UNKNOWN_KEY, code="invalid_api_key", headers=CHALLENGE)
+        if len(self._claims.get(digest, ())) > 1:
+            raise GatewayError(401, SHARED_HASH, code="invalid_api_key", headers=CHALLENGE)
         return caller
 
     def admit(self, caller: Caller | None) -> None:

@@ -1,7 +1,9 @@
 """`kama access-key create`: mint an API key for the gateway and the ModelAccessKey
 that lets the gateway recognise it.
 
-The key is random (256 bits from `secrets`), printed once on stderr, and never stored:
+The key names its object, `kama_<namespace>_<name>_<secret>` (`kama.api.access_key`),
+with a random secret (256 bits from `secrets`); it is printed once on stderr, and
+never stored:
 the object printed on stdout holds only its SHA-256, so
 
     kama access-key create my-app -n team-a | kubectl apply -f -
@@ -19,14 +21,28 @@ from typing import TextIO
 
 import yaml
 
-from kama.api import ModelAccessKey, ModelAccessKeySpec, ObjectMeta, key_sha256
+from kama.api import (
+    ModelAccessKey,
+    ModelAccessKeySpec,
+    ObjectMeta,
+    key_object,
+    key_sha256,
+    minted_key,
+)
 from kama.api.meta import DNS_SUBDOMAIN_PATTERN
 
-KEY_PREFIX = "kama_"
+SECRET_BYTES = 32
 
 
-def mint_key() -> str:
-    return KEY_PREFIX + secrets.token_urlsafe(32)
+def mint_key(*, namespace: str, name: str) -> str:
+    """A new key for ModelAccessKey `namespace`/`name`."""
+    return minted_key(namespace=namespace, name=name, secret=secrets.token_urlsafe(SECRET_BYTES))
+
+
+def check_names(*, name: str, namespace: str) -> None:
+    for what, value in (("name", name), ("namespace", namespace)):
+        if len(value) > 253 or not re.match(DNS_SUBDOMAIN_PATTERN, value):
+            raise ValueError(f"{what} {value!r} is not a valid Kubernetes name")
 
 
 def access_key_manifest(
@@ -40,9 +56,9 @@ def access_key_manifest(
     tokens_per_minute: int | None,
 ) -> str:
     """The ModelAccessKey for `key` as YAML (validated as the CRD validates it)."""
-    for what, value in (("name", name), ("namespace", namespace)):
-        if len(value) > 253 or not re.match(DNS_SUBDOMAIN_PATTERN, value):
-            raise ValueError(f"{what} {value!r} is not a valid Kubernetes name")
+    check_names(name=name, namespace=namespace)
+    if key_object(key) != (namespace, name):
+        raise ValueError(f"the key does not name ModelAccessKey {namespace}/{name}")
     spec = ModelAccessKeySpec(
         key_sha256=key_sha256(key),
         models=models,
@@ -65,7 +81,8 @@ def create_access_key(
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
 ) -> int:
-    key = mint_key()
+    check_names(name=name, namespace=namespace)
+    key = mint_key(namespace=namespace, name=name)
     manifest = access_key_manifest(
         name=name,
         namespace=namespace,

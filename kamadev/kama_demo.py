@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from kama.api import key_sha256
+from kama.api import key_sha256, minted_key
 from kamadev.chart import CHART, RELEASE, helm, local_stack_values
 from kamadev.gguf_factory import ModelShape, write_model
 from kamadev.hub import HubFixture
@@ -135,7 +135,10 @@ def start_kama_demo(stack: LocalStack) -> KamaDemo:
     hub.add_repo(DEMO_REPO, {"tiny.gguf": model})
     hub.add_repo(REAL_REPO, {REAL_FILE: ensure_gemma3()})
     demo = KamaDemo(
-        gateway_url="", hub=hub, stack=stack, api_key=f"kama_{secrets.token_urlsafe(32)}"
+        gateway_url="",
+        hub=hub,
+        stack=stack,
+        api_key=minted_key(namespace=DEMO_NAMESPACE, name="demo", secret=secrets.token_urlsafe(32)),
     )
     try:
         # Kama as a user installs it: the chart (CRDs, one ServiceAccount and role per

@@ -41,7 +41,7 @@ def kubectl(
 def access_key(stack: LocalStack, namespace: str, *, name: str) -> str:
     """A new API key for every model of `namespace`, minted and applied as `kama
     access-key create` does (its ModelAccessKey `name`); the key itself is returned."""
-    key = mint_key()
+    key = mint_key(namespace=namespace, name=name)
     manifest = access_key_manifest(
         name=name,
         namespace=namespace,

@@ -13,7 +13,9 @@ from kama.api.access_key import (
     MODELACCESSKEY_SINGULAR,
     ModelAccessKey,
     ModelAccessKeySpec,
+    key_object,
     key_sha256,
+    minted_key,
 )
 from kama.api.artifact import (
     MODELARTIFACT_KIND,
@@ -108,6 +110,8 @@ __all__ = [
     "RetentionPolicy",
     "SecretKeySelector",
     "ServingLocation",
+    "key_object",
     "key_sha256",
+    "minted_key",
     "short_digest_of",
 ]

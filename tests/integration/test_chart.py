@@ -42,6 +42,7 @@ import httpx
 import pytest
 import yaml
 
+from kama.api import minted_key
 from kamadev.binaries import REPO_ROOT, build_images
 from kamadev.chart import CHART, RELEASE, helm, local_stack_values
 from kamadev.gguf_factory import ModelShape, write_model
@@ -356,11 +357,12 @@ def chat_through_gateway(stack: LocalStack, namespace: str, content: str) -> Non
     API key a ModelAccessKey of the namespace holds the hash of (the chart's default
     `gateway.auth.mode: apikey`)."""
     gateway_ip = pod_of(stack, namespace, "gateway")["status"]["podIP"]
-    key = f"kama_{secrets.token_urlsafe(32)}"
+    name = f"chat-{secrets.token_hex(3)}"
+    key = minted_key(namespace=namespace, name=name, secret=secrets.token_urlsafe(32))
     apply(stack, {
         "apiVersion": "kama.dev/v1alpha1",
         "kind": "ModelAccessKey",
-        "metadata": {"name": f"chat-{secrets.token_hex(3)}", "namespace": namespace},
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {"keySHA256": hashlib.sha256(key.encode()).hexdigest()},
     })  # fmt: skip
 

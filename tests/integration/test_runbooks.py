@@ -243,7 +243,7 @@ def test_tenant_onboarding_gives_a_team_a_quota_and_a_key_that_work(
             NS=tenant, TEAM_GROUP=f"{tenant}-people", APP="first-app",
         )  # fmt: skip
         assert re.search(r"^yes\n^no\n", said, re.M), "the team may create deployments, not pods"
-        key = re.search(r"^kama_[A-Za-z0-9_-]{43}$", said, re.M)
+        key = re.search(r"^kama_[a-z0-9-]+_[a-z0-9.-]+_[A-Za-z0-9_-]{43}$", said, re.M)
         assert key, "the runbook shows the minted key once"
 
         ready_artifact(control, tenant, tmp_path, name="chat", seed=75, shared=True)

@@ -258,6 +258,48 @@ def test_a_tenants_key_neither_lists_nor_reaches_nor_wakes_another_namespaces_mo
         kubectl(control.stack, "delete", "namespace", attacker_namespace, "--wait=false")
 
 
+def test_a_copied_key_hash_is_no_key_and_both_objects_are_warned(
+    kama_control: KamaControl, keyed_gateway: GatewayProcess, namespace: str
+) -> None:
+    """Another tenant copies a key's hash into its own ModelAccessKey: the key names
+    its object, so the copy grants nothing, and while two objects hold the hash the
+    key is refused and the gateway records a DuplicateKeyHash Event on each."""
+    control = kama_control
+    copier = next(fresh_namespace(control.stack, prefix="copier"))
+    try:
+        name = f"key-{secrets.token_hex(3)}"
+        own = access_key(control.stack, namespace, name=name)
+        mine = get_json(control.stack, "modelaccesskey", name, "-n", namespace)
+
+        def models(key: str) -> int:
+            url = f"{keyed_gateway.url}/v1/models"
+            return httpx.get(url, headers={"authorization": f"Bearer {key}"}).status_code
+
+        eventually(lambda: models(own) == 200, timeout=30, what="the tenant's key to work")
+        copy = {
+            "apiVersion": "kama.dev/v1alpha1",
+            "kind": "ModelAccessKey",
+            "metadata": {"name": "copy", "namespace": copier},
+            "spec": {"keySHA256": mine["spec"]["keySHA256"]},
+        }
+        apply(control.stack, copy)
+        eventually(lambda: models(own) == 401, timeout=30, what="the shared key refused")
+
+        def warned(where: str, obj: str) -> bool:
+            events = get_json(
+                control.stack, "events", "-n", where,
+                "--field-selector", f"involvedObject.name={obj},reason=DuplicateKeyHash",
+            )  # fmt: skip
+            return any(e["type"] == "Warning" for e in events["items"])
+
+        eventually(lambda: warned(namespace, name), timeout=30, what="the owner's Event")
+        eventually(lambda: warned(copier, "copy"), timeout=30, what="the copier's Event")
+        kubectl(control.stack, "delete", "modelaccesskey", "copy", "-n", copier)
+        eventually(lambda: models(own) == 200, timeout=30, what="the key to work again")
+    finally:
+        kubectl(control.stack, "delete", "namespace", copier, "--wait=false")
+
+
 ATTACKER_SCRIPT = """
 import asyncio, json, os, uuid
 from datetime import timedelta

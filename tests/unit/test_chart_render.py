@@ -218,6 +218,8 @@ def test_rbac_is_least_privilege_in_both_modes(helm: tuple[Path, dict[str, str]]
         assert verbs_on(rules["gateway"], "modeldeployments") == {"list", "watch"}
         # API keys as hashes (ModelAccessKeys), never Secrets (checked above)
         assert verbs_on(rules["gateway"], "modelaccesskeys") == {"list", "watch"}
+        # its one write: Warning Events on keys whose hash two objects hold
+        assert verbs_on(rules["gateway"], "events") == {"create"}
         assert not verbs_on(rules["gateway"], "modelartifacts")
     assert {scope for c in cluster.values() for scope, _ in c} == {"cluster"}
     # namespaced: Roles in the served namespace; cluster-wide only the worker's reads of

@@ -26,7 +26,7 @@ from gateway.auth_usage import HEAD_BYTES, TAIL_BYTES, MeteredReply, tokens_in
 from gateway.held import DEFAULT_LIMITS, GatewayLimits
 from gateway.metrics import GatewayMetrics
 from gateway.transport import front
-from kama.api import ModelAccessKeySpec, key_sha256
+from kama.api import ModelAccessKeySpec, key_object, key_sha256, minted_key
 from kama.config import Settings
 from kamactl.access_key import create_access_key
 from tests.unit import test_gateway_http
@@ -35,8 +35,15 @@ from tests.unit.test_gateway_http import MODEL, Gateway, Replica, _chunk, runnin
 
 pytestmark = pytest.mark.timeout(30)
 
-KEY = "kama_test-key-of-ns"
-OTHER_KEY = "kama_test-key-of-team-b"
+SECRET = "s" * 43
+
+
+def key_for(namespace: str, name: str, secret: str = SECRET) -> str:
+    return minted_key(namespace=namespace, name=name, secret=secret)
+
+
+KEY = key_for("ns", "app")
+OTHER_KEY = key_for("team-b", "b")
 USAGE = {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}
 
 
@@ -85,8 +92,11 @@ class Clock:
 
 
 def access_key(
-    name: str, *, key: str = KEY, namespace: str = "ns", uid: str | None = None, **spec: Any
+    name: str, *, key: str | None = None, namespace: str = "ns", uid: str | None = None, **spec: Any
 ) -> dict[str, Any]:
+    """ModelAccessKey `namespace`/`name` holding the hash of `key` (by default its own
+    key with `SECRET`)."""
+    key = key_for(namespace, name) if key is None else key
     return {
         "metadata": {
             "namespace": namespace,
@@ -191,7 +201,7 @@ async def test_a_request_without_a_known_key_spends_no_upload_budget(
         gw.state.access.apply_key("ADDED", access_key("app"))
         announcers = [
             await announce(gw, length=900 * 1024),
-            await announce(gw, length=900 * 1024, key="kama_not-a-key"),
+            await announce(gw, length=900 * 1024, key=key_for("ns", "app", "x" * 43)),
         ]
         for reader, _ in announcers:
             status, _ = await answer_head(reader)
@@ -247,7 +257,9 @@ async def test_requests_need_a_known_key(monkeypatch: pytest.MonkeyPatch) -> Non
         url = f"{gw.url}/v1/completions"
         for headers in (
             {},
-            bearer("kama_wrong"),
+            bearer(key_for("ns", "app", "w" * 43)),  # a wrong secret
+            bearer(key_for("ns", "absent")),  # no such object
+            bearer(KEY.removeprefix("kama_")),  # not in the minted format
             {"authorization": f"Basic {KEY}"},
             {"authorization": "Bearer"},
             bearer("x" * 10_000),
@@ -266,19 +278,20 @@ async def test_requests_need_a_known_key(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 async def test_a_key_is_rotated_without_a_restart(monkeypatch: pytest.MonkeyPatch) -> None:
+    old, new, newer = key_for("ns", "v1"), key_for("ns", "v2"), key_for("ns", "v2", "n" * 43)
     async with auth_gateway(monkeypatch) as (gw, _, http):
         access, url = gw.state.access, f"{gw.url}/v1/completions"
-        access.apply_key("ADDED", access_key("v1", key="kama_old"))
-        access.apply_key("ADDED", access_key("v2", key="kama_new"))
-        for key in ("kama_old", "kama_new"):  # both work while clients switch
+        access.apply_key("ADDED", access_key("v1"))
+        access.apply_key("ADDED", access_key("v2"))
+        for key in (old, new):  # both work while clients switch
             assert (await http.post(url, json=body(), headers=bearer(key))).status_code == 200
-        access.apply_key("DELETED", access_key("v1", key="kama_old"))
-        assert (await http.post(url, json=body(), headers=bearer("kama_old"))).status_code == 401
-        assert (await http.post(url, json=body(), headers=bearer("kama_new"))).status_code == 200
+        access.apply_key("DELETED", access_key("v1"))
+        assert (await http.post(url, json=body(), headers=bearer(old))).status_code == 401
+        assert (await http.post(url, json=body(), headers=bearer(new))).status_code == 200
         # a key object whose hash changed answers to the new key only
-        access.apply_key("MODIFIED", access_key("v2", key="kama_newer"))
-        assert (await http.post(url, json=body(), headers=bearer("kama_new"))).status_code == 401
-        assert (await http.post(url, json=body(), headers=bearer("kama_newer"))).status_code == 200
+        access.apply_key("MODIFIED", access_key("v2", key=newer))
+        assert (await http.post(url, json=body(), headers=bearer(new))).status_code == 401
+        assert (await http.post(url, json=body(), headers=bearer(newer))).status_code == 200
         text = await metrics_text(gw)
     assert 'kama_gateway_key_requests_total{key="v2",key_namespace="ns"}' in text
     assert 'key="v1"' not in text  # a deleted key's series (and limits) are gone
@@ -333,19 +346,66 @@ async def test_cross_namespace_grants_need_the_operators_consent(
         assert [m["id"] for m in listed] == [MODEL, "team-b/secret"]
 
 
-async def test_a_copied_hash_grants_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    """team-b copies ns's key hash into its namespace, later: the key still reaches
-    ns only, and its usage is charged to ns's object."""
+async def test_a_copied_hash_grants_nothing_and_refuses_the_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """team-b copies ns's key hash into its namespace. Before, the older object won, so
+    deleting ns's object handed ns's key to team-b's models: now a key is checked
+    against the one object it names, and a hash two objects hold is no key at all (a
+    Warning Event on each), until one of them goes."""
+    warned: list[tuple[str, str]] = []
     async with auth_gateway(monkeypatch) as (gw, _, http):
         access = gw.state.access
+        access.warn = lambda key, reason, message: warned.append((key.key, reason))
         access.apply_key("ADDED", access_key("app"))
-        copy = access_key("stolen", namespace="team-b", created="2026-03-01T00:00:00Z")
+        copy = access_key("stolen", key=KEY, namespace="team-b", created="2026-03-01T00:00:00Z")
         access.apply_key("ADDED", copy)
+        refused = await http.get(f"{gw.url}/v1/models", headers=bearer(KEY))
+        assert refused.status_code == 401 and "more than one" in error_of(refused)["message"]
+        assert sorted(warned) == [
+            ("ns/app", "DuplicateKeyHash"),
+            ("team-b/stolen", "DuplicateKeyHash"),
+        ]
+        access.apply_key("MODIFIED", copy)  # warned once per object and hash
+        assert len(warned) == 2
+        # the key names ns/app: its secret under team-b's name is no key of team-b's
+        renamed = bearer(key_for("team-b", "stolen"))
+        assert (await http.get(f"{gw.url}/v1/models", headers=renamed)).status_code == 401
+        access.apply_key("DELETED", access_key("app"))  # now only the copy holds the hash
+        assert (await http.get(f"{gw.url}/v1/models", headers=bearer(KEY))).status_code == 401
+        access.apply_key("ADDED", access_key("app", uid="uid-again"))
+        access.apply_key("DELETED", copy)
         listed = (await http.get(f"{gw.url}/v1/models", headers=bearer(KEY))).json()["data"]
         assert [m["id"] for m in listed] == [MODEL]
-        access.apply_key("DELETED", access_key("app"))  # now the copy is the only claim
-        listed = (await http.get(f"{gw.url}/v1/models", headers=bearer(KEY))).json()["data"]
-        assert [m["id"] for m in listed] == ["team-b/secret"]
+
+
+async def test_only_minted_keys_are_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Library defaults (`EMPTY`, `sk-no-key-required`) and keys not naming an object
+    were squattable: any tenant holding their hash got the requests of every client
+    that sends them. Now they are refused whatever object holds their hash."""
+    async with auth_gateway(monkeypatch) as (gw, _, http):
+        for n, squatted in enumerate(("EMPTY", "sk-no-key-required", "kama_" + SECRET)):
+            gw.state.access.apply_key("ADDED", access_key(f"squat{n}", key=squatted))
+            refused = await http.get(f"{gw.url}/v1/models", headers=bearer(squatted))
+            assert refused.status_code == 401, squatted
+            assert "kama_<namespace>_<name>_<secret>" in error_of(refused)["message"]
+
+
+def test_a_minted_key_names_its_object() -> None:
+    assert key_object(KEY) == ("ns", "app")
+    assert key_object(key_for("team-b", "my.app-2", "a_b-" * 11)) == ("team-b", "my.app-2")
+    for bad in (
+        "EMPTY",
+        "kama_ns_app_" + "s" * 31,  # a short secret
+        "kama_ns_" + SECRET,  # no name
+        "kama_NS_app_" + SECRET,  # not a namespace
+        "kama_ns_app!_" + SECRET,
+        "kama_" + "n" * 64 + "_app_" + SECRET,  # a namespace is at most 63 characters
+        "kama_ns_app_" + SECRET + "=",
+    ):
+        assert key_object(bad) is None, bad
+    with pytest.raises(ValueError, match="not a key"):
+        minted_key(namespace="ns", name="app", secret="short")
 
 
 async def test_a_body_that_is_not_json_is_415(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -579,7 +639,7 @@ def test_a_minted_key_is_shown_once_and_its_object_holds_its_hash() -> None:
     assert code == 0
     key = err.getvalue().splitlines()[-1]
     obj = yaml.safe_load(out.getvalue())
-    assert key.startswith("kama_") and len(key) > 40 and key not in out.getvalue()
+    assert key.startswith("kama_team-a_my-app_") and len(key) > 60 and key not in out.getvalue()
     assert obj["metadata"] == {"name": "my-app", "namespace": "team-a"}
     assert obj["spec"]["keySHA256"] == hashlib.sha256(key.encode()).hexdigest()
     assert obj["spec"]["models"] == ["chat"] and obj["spec"]["requestsPerMinute"] == 60
