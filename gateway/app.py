@@ -42,6 +42,7 @@ from temporalio.client import Client
 
 from gateway.adapters import SEPARATOR
 from gateway.auth import AccessControl, aliases_for, visible_models
+from gateway.auth_limits import KeyCeilings
 from gateway.backend_load import poll_backend_load
 from gateway.demand import gateway_identity, report_demand
 from gateway.drain_reports import report_drains
@@ -281,6 +282,7 @@ def create_app(
             mode=settings.gateway_auth,
             cross_namespace_grants=settings.gateway_cross_namespace_grants,
             warn=key_events,
+            ceilings=KeyCeilings.parse(settings.gateway_key_ceilings),
         )
         if not access.enabled:
             log.warning("KAMA_GATEWAY_AUTH=disabled: every client may use every model")

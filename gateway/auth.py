@@ -20,8 +20,15 @@ What the caller learns (`AccessControl` and `check_model`):
   for a model that does not exist, so a key learns nothing about other tenants;
 - a model of a granted namespace that the key's `models` leaves out: 403
   `model_not_allowed` (the tenant can read its own key's grants anyway);
-- a key over its requests or tokens per minute: 429 with `Retry-After`
-  (`gateway.auth_limits`), counted in `kama_gateway_key_rate_limited`.
+- a key over its requests or tokens per minute, or at its requests in progress:
+  429 with `Retry-After` (`gateway.auth_limits`), counted in
+  `kama_gateway_key_rate_limited`. A request reserves the tokens it may use before it
+  is forwarded (`reserve`) and is settled to what its answer states (`settle`).
+
+A key's limits are its own, capped by the operator's ceilings for its namespace
+(`KeyCeilings`, the chart's `gateway.auth.keyCeilings`): a tenant that mints a key
+cannot give it more than the operator allows, and a key that sets no limit gets the
+ceiling.
 
 An alias routes to the oldest model that claims it (`gateway.aliases`); when a key
 may not use that one, it routes to the oldest claimant the key may use, so another
@@ -46,7 +53,7 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from gateway.auth_limits import KeyLimits
+from gateway.auth_limits import KeyCeilings, KeyLimits, LimitValues
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics, KeyUsage
 from gateway.registry import Model, ModelRegistry
@@ -106,6 +113,7 @@ class AccessKey:
     models: frozenset[str]  # <namespace>/<name>; empty: every model it may reach
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
+    max_concurrent_requests: int | None = None
     disabled: bool = False
 
     @property
@@ -150,6 +158,7 @@ def parse_access_key(obj: dict[str, Any], *, cross_namespace_grants: bool) -> Ac
         models=models,
         requests_per_minute=spec.requests_per_minute,
         tokens_per_minute=spec.tokens_per_minute,
+        max_concurrent_requests=spec.max_concurrent_requests,
         disabled=spec.disabled,
     )
 
@@ -178,6 +187,7 @@ class AccessControl:
     cross_namespace_grants: bool = False
     clock: Callable[[], float] = time.monotonic
     warn: KeyWarning | None = None
+    ceilings: KeyCeilings = field(default_factory=KeyCeilings)
     _callers: dict[str, Caller] = field(default_factory=dict)  # <ns>/<name> -> caller
     _claims: dict[str, set[str]] = field(default_factory=dict)  # digest -> object keys
     _warned: set[tuple[str, str]] = field(default_factory=set)  # (uid, digest) warned of
@@ -209,20 +219,20 @@ class AccessControl:
         if current is not None and current.key.uid != key.uid:
             self._remove(object_key)  # deleted and created again: a new key
             current = None
-        if current is None:
-            limits = KeyLimits.create(
+        values = self.ceilings.cap(
+            key.namespace,
+            LimitValues(
                 requests_per_minute=key.requests_per_minute,
                 tokens_per_minute=key.tokens_per_minute,
-                now=now,
-            )
+                concurrent=key.max_concurrent_requests,
+            ),
+        )
+        if current is None:
+            limits = KeyLimits.create(values, now=now)
             usage = self.metrics.keys.of(namespace=key.namespace, name=key.name)
             self._callers[object_key] = Caller(key=key, limits=limits, usage=usage)
         else:
-            current.limits.reconfigure(
-                requests_per_minute=key.requests_per_minute,
-                tokens_per_minute=key.tokens_per_minute,
-                now=now,
-            )
+            current.limits.reconfigure(values, now=now)
             old_digest = current.key.digest
             current.key = key
             if old_digest != key.digest:
@@ -290,35 +300,86 @@ class AccessControl:
         return caller
 
     def admit(self, caller: Caller | None) -> None:
-        """Count one request against the caller's limits, or raise 429."""
+        """Count one request against the caller's limits and enter it as in progress
+        (`leave` when it ends), or raise 429."""
         if caller is None:
             return
         refused = caller.limits.admit(self.clock())
         if refused is not None:
             limit, wait = refused
             caller.usage.limited[limit] = caller.usage.limited.get(limit, 0) + 1
-            per_minute = (
-                caller.key.requests_per_minute
-                if limit == "requests"
-                else caller.key.tokens_per_minute
-            )
             raise GatewayError(
                 429,
-                f"rate limit of API key {caller.key.key} reached: {per_minute} {limit} per "
-                f"minute; retry in {wait} s",
+                self._refusal(caller, limit, wait),
                 type=limit,
                 code="rate_limit_exceeded",
                 retry_after_s=wait,
             )
+        caller.limits.enter()
         caller.usage.requests += 1
 
-    def spend(self, caller: Caller | None, *, prompt_tokens: int, completion_tokens: int) -> None:
-        """An answer ended having used these tokens (as the model reported them)."""
+    def leave(self, caller: Caller | None) -> None:
+        """An admitted request ended (answered, refused later, or its client left)."""
+        if caller is not None:
+            caller.limits.leave()
+
+    def reserve(self, caller: Caller | None, tokens: int | None) -> int:
+        """Reserve the tokens a request may use (`gateway.token_reservation`; None: as
+        many as are left), at most what the key's budget has left: what was reserved,
+        to `settle` when it ends; 429 when nothing is left."""
+        if caller is None:
+            return 0
+        reserved, wait = caller.limits.reserve(self.clock(), tokens)
+        if wait:
+            caller.usage.limited["tokens"] = caller.usage.limited.get("tokens", 0) + 1
+            raise GatewayError(
+                429,
+                self._refusal(caller, "tokens", wait),
+                type="tokens",
+                code="rate_limit_exceeded",
+                retry_after_s=wait,
+            )
+        return reserved
+
+    def settle(
+        self,
+        caller: Caller | None,
+        *,
+        reserved: int,
+        prompt_tokens: int,
+        completion_tokens: int,
+        keep_reservation: bool,
+    ) -> None:
+        """An answer ended having used these tokens (as the model reported them);
+        `keep_reservation`: it stated none although it may have used them (a stream
+        cut short, a client that left), so it is charged what it reserved."""
         if caller is None:
             return
         caller.usage.prompt_tokens += prompt_tokens
         caller.usage.completion_tokens += completion_tokens
-        caller.limits.spend_tokens(self.clock(), prompt_tokens + completion_tokens)
+        used = prompt_tokens + completion_tokens
+        if not used and keep_reservation:
+            used = reserved
+        caller.limits.settle(self.clock(), reserved=reserved, used=used)
+
+    @staticmethod
+    def _refusal(caller: Caller, limit: str, wait: int) -> str:
+        limits = caller.limits
+        if limit == "concurrency":
+            return (
+                f"API key {caller.key.key} already has {limits.in_progress} requests in "
+                f"progress (at most {limits.concurrent}); retry when one has ended"
+            )
+        if limit == "tokens":
+            return (
+                f"rate limit of API key {caller.key.key} reached: its {limits.tokens_limit} "
+                f"tokens per minute are used or reserved by requests in progress; retry in "
+                f"{wait} s"
+            )
+        return (
+            f"rate limit of API key {caller.key.key} reached: {limits.requests_limit} "
+            f"requests per minute; retry in {wait} s"
+        )
 
 
 # models as a caller sees them ----------------------------------------------------

@@ -17,6 +17,7 @@ the key when the request ends."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from gateway.errors import ErrorShape, GatewayError
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import Proxy
 from gateway.registry import Model, ModelRegistry
+from gateway.token_reservation import tokens_to_reserve
 from gateway.transport.exchange import Handler, HeaderLookup, HeadVerdict, Reply, Request
 
 MODEL_HEADER = "x-kama-model"
@@ -116,6 +118,7 @@ async def serve_inference(
     model: Model | None = None
     caller: Caller | None = None
     metered: MeteredReply | None = None
+    reserved = 0
     try:
         if request.head_checked:  # authenticated and admitted from the head (`head`)
             caller = cast("Caller | None", request.principal)
@@ -134,6 +137,15 @@ async def serve_inference(
             name = model_name(fields.get("model"))
         model, adapter = resolve_selected(proxy.registry, name, caller)
         route.check_mode(mode=model.mode, model=name)
+        reserved = access.reserve(
+            caller,
+            tokens_to_reserve(
+                route=route.route,
+                fields=fields,
+                body_bytes=len(request.body),
+                context=model.context,
+            ),
+        )
         affinity = affinity_key(fields) if model.prefix_affinity else None
         body = request.body
         if adapter is not None:
@@ -160,7 +172,17 @@ async def serve_inference(
     finally:
         if metered is not None:
             prompt, completion = metered.tokens()
-            access.spend(caller, prompt_tokens=prompt, completion_tokens=completion)
+            access.settle(
+                caller,
+                reserved=reserved,
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                # it may have used them: answered (a stream cut short states nothing)
+                # or left while its replica worked
+                keep_reservation=reply.client_gone or 200 <= reply.status < 300,
+            )
+        if not request.head_checked:
+            access.leave(caller)  # admitted here, above
         if model is not None:
             if reply.status:
                 code = str(reply.status)
@@ -213,4 +235,6 @@ class InferenceRoutes:
             style = route.errors if route is not None else ErrorShape.OPENAI
             answer_headers, body = exc.encoded(style)
             return HeadVerdict(refusal=(exc.status, answer_headers, body))
-        return HeadVerdict(principal=caller)
+        if route is None or caller is None:
+            return HeadVerdict(principal=caller)
+        return HeadVerdict(principal=caller, release=functools.partial(access.leave, caller))

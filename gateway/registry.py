@@ -117,6 +117,7 @@ class Model:
     report_period_s: float = 60.0  # kama.autoscaling.report_period of its spec
     prefix_affinity: bool = False  # spec.routing.strategy PrefixAffinity
     mode: ServingMode = ServingMode.GENERATION  # spec.runtime.mode: the routes it serves
+    context: int | None = None  # spec.runtime.contextSize: a request's most tokens
     adapters: Adapters = ()  # spec.adapters: (name, scale) in llama-server's load order
     created: int = 0
     ready: asyncio.Event = field(default_factory=asyncio.Event)
@@ -269,7 +270,10 @@ class ModelRegistry:
             ),
         ).total_seconds()
         model.prefix_affinity = (spec.get("routing") or {}).get("strategy") == "PrefixAffinity"
-        model.mode = serving_mode((spec.get("runtime") or {}).get("mode"))
+        runtime = spec.get("runtime") or {}
+        model.mode = serving_mode(runtime.get("mode"))
+        context = runtime.get("contextSize")
+        model.context = context if isinstance(context, int) and context > 0 else None
         model.adapters = adapters_of(spec)
         model.reason = not_serving_reason(obj)
         model.cannot_start = cannot_start(obj)

@@ -9,9 +9,11 @@ several share one Temporal namespace (see `cluster_name_problem`)."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from kama.contracts import control_task_queue
 from kama.importer_pod import ImporterPodOptions
@@ -81,6 +83,9 @@ class Settings:
     gateway_auth: str = "apikey"
     # KAMA_GATEWAY_CROSS_NAMESPACE_GRANTS: honour ModelAccessKeys' `namespaces`
     gateway_cross_namespace_grants: bool = False
+    # KAMA_GATEWAY_KEY_CEILINGS (JSON): the operator's ceilings on API keys' limits,
+    # {"default": {...}, "namespaces": {"<ns>": {...}}} (gateway.auth_limits.KeyCeilings)
+    gateway_key_ceilings: Mapping[str, Any] = field(default_factory=dict)
     # KAMA_SERVING_KEY: the master key of llama-servers' API keys (kama.serving_key),
     # held by the worker and the gateway; None: serving pods require no key
     serving_key: str | None = field(default=None, repr=False)
@@ -132,6 +137,9 @@ class Settings:
             keda_scaler_address=env.get("KAMA_KEDA_SCALER_ADDRESS") or None,
             gateway_auth=_gateway_auth(env.get("KAMA_GATEWAY_AUTH")),
             gateway_cross_namespace_grants=_flag(env.get("KAMA_GATEWAY_CROSS_NAMESPACE_GRANTS")),
+            gateway_key_ceilings=_json_object(
+                "KAMA_GATEWAY_KEY_CEILINGS", env.get("KAMA_GATEWAY_KEY_CEILINGS")
+            ),
             serving_key=(env.get("KAMA_SERVING_KEY") or "").strip() or None,
         )
 
@@ -144,6 +152,19 @@ def _gateway_auth(value: str | None) -> str:
             f"KAMA_GATEWAY_AUTH={value!r} is not one of {', '.join(GATEWAY_AUTH_MODES)}"
         )
     return mode
+
+
+def _json_object(name: str, value: str | None) -> dict[str, Any]:
+    """A setting holding a JSON object; unset or empty is {}."""
+    if not (value or "").strip():
+        return {}
+    try:
+        document = json.loads(value or "")
+    except ValueError as exc:
+        raise ValueError(f"{name} is not JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise ValueError(f"{name} must be a JSON object")
+    return document
 
 
 def _flag(value: str | None) -> bool:

@@ -54,6 +54,7 @@ def access_key_manifest(
     namespaces: list[str],
     requests_per_minute: int | None,
     tokens_per_minute: int | None,
+    max_concurrent_requests: int | None = None,
 ) -> str:
     """The ModelAccessKey for `key` as YAML (validated as the CRD validates it)."""
     check_names(name=name, namespace=namespace)
@@ -65,6 +66,7 @@ def access_key_manifest(
         namespaces=namespaces,
         requests_per_minute=requests_per_minute,
         tokens_per_minute=tokens_per_minute,
+        max_concurrent_requests=max_concurrent_requests,
     )
     obj = ModelAccessKey(metadata=ObjectMeta(name=name, namespace=namespace), spec=spec)
     return yaml.safe_dump(obj.model_dump(mode="json", exclude_none=True), sort_keys=False)
@@ -78,6 +80,7 @@ def create_access_key(
     namespaces: list[str],
     requests_per_minute: int | None,
     tokens_per_minute: int | None,
+    max_concurrent_requests: int | None = None,
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
 ) -> int:
@@ -91,6 +94,7 @@ def create_access_key(
         namespaces=namespaces,
         requests_per_minute=requests_per_minute,
         tokens_per_minute=tokens_per_minute,
+        max_concurrent_requests=max_concurrent_requests,
     )
     print(
         f"API key for ModelAccessKey {namespace}/{name} (shown once; Kubernetes keeps only "

@@ -148,6 +148,7 @@ def _access_key_create(args: argparse.Namespace) -> int:
             namespaces=args.grant_namespace,
             requests_per_minute=args.requests_per_minute,
             tokens_per_minute=args.tokens_per_minute,
+            max_concurrent_requests=args.max_concurrent_requests,
         )
     except ValueError as exc:  # pydantic's ValidationError: a name or limit out of bounds
         print(f"kama access-key create: {exc}", file=sys.stderr)
@@ -276,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     create.add_argument("--requests-per-minute", type=int, default=None)
     create.add_argument("--tokens-per-minute", type=int, default=None)
+    create.add_argument("--max-concurrent-requests", type=int, default=None)
     create.set_defaults(func=_access_key_create)
     return parser
 

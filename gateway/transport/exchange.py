@@ -38,6 +38,9 @@ class HeadVerdict:
 
     principal: object = None
     refusal: tuple[int, Headers, bytes] | None = None  # status, headers, body
+    # called once when the admitted request is over, however it ended (a concurrency
+    # cap's place given back)
+    release: Callable[[], None] | None = None
 
 
 HeadCheck = Callable[[str, str, "HeaderLookup"], HeadVerdict]  # (method, path, headers)

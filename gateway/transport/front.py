@@ -212,6 +212,7 @@ class PublicFront:
         client = _address(scope.client)
         busy = self.per_client.get(client, 0)
         self.per_client[client] = busy + 1
+        verdict: HeadVerdict | None = None
         try:
             refused = head_refusal(http_version=scope.http_version, fields=scope.headers)
             if refused is not None:
@@ -247,6 +248,8 @@ class PublicFront:
             if not reply.status:
                 self._refuse(reply, 500, "the gateway failed to answer")
         finally:
+            if verdict is not None and verdict.release is not None:
+                verdict.release()
             self.replies.discard(reply)
             reply.finish()
             left = self.per_client[client] - 1

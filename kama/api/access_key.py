@@ -133,8 +133,14 @@ class ModelAccessKeySpec(SpecModel):
     Past it the gateway answers 429 with Retry-After."""
     tokens_per_minute: int | None = Field(default=None, ge=1, le=10_000_000_000)
     """At most this many tokens (prompt + completion, as the model reports them) per
-    minute (per gateway replica); unset: no limit. Counted when answers end: a key
-    over its budget gets 429 with Retry-After until the window allows it again."""
+    minute (per gateway replica); unset: no limit. A request reserves what it may use
+    when it is admitted (its max_tokens and prompt, or the model's context where it
+    names no maximum) and is settled to what its answer states; one that does not fit
+    gets 429 with Retry-After. An answer that states no usage (a stream cut short)
+    keeps its reservation."""
+    max_concurrent_requests: int | None = Field(default=None, ge=1, le=100_000)
+    """At most this many requests of the key in progress at once (per gateway
+    replica); unset: no cap of its own. Past it the gateway answers 429."""
     disabled: bool = False
     """Refuse the key (401) without deleting it."""
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gateway.auth_limits import KeyCeilings, LimitValues
 from kama.config import Settings
 from kama.importer_pod import IMPORTER_ROLE
 from kama.serving_pod import MANAGED_BY_LABEL, ROLE_LABEL, SERVER_ROLE
@@ -631,3 +632,23 @@ def test_the_serving_key_reaches_the_worker_and_gateway_only(
     assert env_of(gateway["containers"][0])["KAMA_SERVING_KEY"] == {
         "secretKeyRef": {"name": "mine", "key": "k"}
     }
+
+
+def test_the_operators_key_ceilings_reach_the_gateway(helm: tuple[Path, dict[str, str]]) -> None:
+    """`gateway.auth.keyCeilings` as the gateway reads it, and refused by the schema
+    when a ceiling is not a positive integer."""
+    ceilings = ["--set", "gateway.auth.keyCeilings.default.maxConcurrentRequests=8",
+                "--set", "gateway.auth.keyCeilings.namespaces.team-a.tokensPerMinute=5000"]  # fmt: skip
+    for args, expected in (([], {}), (ceilings, None)):
+        docs = render(helm, *EVAL, *args)
+        gateway = named(docs, "Deployment", "kama-gateway")["spec"]["template"]["spec"]
+        settings = Settings.from_env(plain_env(gateway["containers"][0]))
+        parsed = KeyCeilings.parse(settings.gateway_key_ceilings)
+        if expected is not None:
+            assert settings.gateway_key_ceilings == expected
+            continue
+        assert parsed.default == LimitValues(concurrent=8)
+        assert parsed.namespaces == {"team-a": LimitValues(tokens_per_minute=5000)}
+    assert "keyCeilings" in refused(
+        helm, *EVAL, "--set", "gateway.auth.keyCeilings.default.maxConcurrentRequests=0"
+    )

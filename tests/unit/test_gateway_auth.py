@@ -11,7 +11,7 @@ import asyncio
 import hashlib
 import io
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, cast
 
@@ -21,17 +21,25 @@ import yaml
 from pydantic import ValidationError
 
 from gateway.auth import AccessControl
-from gateway.auth_limits import SlidingWindow
+from gateway.auth_limits import KeyCeilings, SlidingWindow
 from gateway.auth_usage import HEAD_BYTES, TAIL_BYTES, MeteredReply, tokens_in
 from gateway.held import DEFAULT_LIMITS, GatewayLimits
 from gateway.metrics import GatewayMetrics
+from gateway.token_reservation import tokens_to_reserve
 from gateway.transport import front
 from kama.api import ModelAccessKeySpec, key_object, key_sha256, minted_key
 from kama.config import Settings
 from kamactl.access_key import create_access_key
 from tests.unit import test_gateway_http
 from tests.unit.gateway_support import deployment
-from tests.unit.test_gateway_http import MODEL, Gateway, Replica, _chunk, running_gateway
+from tests.unit.test_gateway_http import (
+    MODEL,
+    Gateway,
+    Replica,
+    _chunk,
+    eventually,
+    running_gateway,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -477,6 +485,148 @@ async def test_tokens_are_counted_per_key_and_limited(monkeypatch: pytest.Monkey
         assert int(refused.headers["retry-after"]) >= 1
         clock.now += int(refused.headers["retry-after"])
         assert (await http.post(url, json=body(), headers=bearer(KEY))).status_code == 200
+
+
+async def settled(check: Callable[[], bool], what: str) -> None:
+    async def holds() -> bool:
+        return check()
+
+    await eventually(holds, what)
+
+
+async def test_a_key_may_have_only_so_many_requests_in_progress(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with auth_gateway(monkeypatch) as (gw, _, http):
+        access, url = gw.state.access, f"{gw.url}/v1/completions"
+        access.apply_key("ADDED", access_key("app", maxConcurrentRequests=1))
+        caller = access.authenticate(bearer(KEY))
+        assert caller is not None
+        limits = caller.limits
+        hanging = asyncio.create_task(http.post(url, json=body(mode="hang"), headers=bearer(KEY)))
+        await settled(lambda: len(gw.replica.requests) == 1, "the first request at its replica")
+        refused = await http.post(url, json=body(), headers=bearer(KEY))
+        assert refused.status_code == 429, refused.text
+        assert error_of(refused)["type"] == "concurrency"
+        assert "1 requests in progress (at most 1)" in error_of(refused)["message"]
+        other = await http.get(f"{gw.url}/v1/models", headers=bearer(KEY))
+        assert other.status_code == 200, "the model list is not inference: not capped"
+        hanging.cancel()  # its client leaves: its place is given back
+        await settled(lambda: limits.in_progress == 0, "the place given back")
+        assert (await http.post(url, json=body(), headers=bearer(KEY))).status_code == 200
+        # refused from its head (413 here) or answered: every place comes back
+        big = {"authorization": f"Bearer {KEY}", "content-type": "application/json"}
+        too_big = await http.post(url, content=b"x" * (9 * MiB), headers=big)
+        assert too_big.status_code == 413
+        await settled(lambda: limits.in_progress == 0, "the 413's place given back")
+
+
+async def test_requests_at_once_cannot_take_a_token_budget_many_times_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Tokens were counted only when answers ended, so N requests at once could each
+    spend the whole budget. Now each reserves its max_tokens and prompt when admitted,
+    at most what is left, and is settled to what its answer states."""
+    async with auth_gateway(monkeypatch) as (gw, _, http):
+        access, url = gw.state.access, f"{gw.url}/v1/completions"
+        access.apply_key("ADDED", access_key("app", tokensPerMinute=100))
+        caller = access.authenticate(bearer(KEY))
+        assert caller is not None and caller.limits.tokens is not None
+        limits, window = caller.limits, caller.limits.tokens
+        asked = body(mode="hang") | {"max_tokens": 60}
+        first = asyncio.create_task(http.post(url, json=asked, headers=bearer(KEY)))
+        await settled(lambda: len(gw.replica.requests) == 1, "the first request in flight")
+        assert window.current > 60, "its max_tokens and prompt are reserved"
+        second = asyncio.create_task(http.post(url, json=asked, headers=bearer(KEY)))
+        await settled(lambda: len(gw.replica.requests) == 2, "the second gets what is left")
+        assert window.current == 100
+        refused = await http.post(url, json=asked, headers=bearer(KEY))
+        assert refused.status_code == 429 and error_of(refused)["type"] == "tokens"
+        assert "reserved by requests in progress" in error_of(refused)["message"]
+        for task in (first, second):
+            task.cancel()  # the clients leave: nothing stated, the reservations stay
+        await settled(lambda: limits.in_progress == 0, "both ended")
+        assert window.current == 100
+    async with auth_gateway(monkeypatch) as (gw, _, http):
+        access, url = gw.state.access, f"{gw.url}/v1/completions"
+        access.apply_key("ADDED", access_key("app", tokensPerMinute=100))
+        caller = access.authenticate(bearer(KEY))
+        assert caller is not None and caller.limits.tokens is not None
+        answered = await http.post(
+            url, json=body(mode="usage") | {"max_tokens": 60}, headers=bearer(KEY)
+        )
+        assert answered.status_code == 200
+        assert caller.limits.tokens.current == 12, "settled to the 12 tokens it used"
+
+
+async def test_a_stream_cut_short_is_charged_its_reservation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stream whose client leaves before its last event states no usage: it was
+    charged 0 tokens, so a client could stream for free by hanging up at the end."""
+    async with auth_gateway(monkeypatch) as (gw, _, _http):
+        access = gw.state.access
+        access.apply_key("ADDED", access_key("app", tokensPerMinute=1000))
+        caller = access.authenticate(bearer(KEY))
+        assert caller is not None and caller.limits.tokens is not None
+        limits = caller.limits
+        host, port = gw.url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        payload = json.dumps(body(mode="hang-stream") | {"max_tokens": 50}).encode()
+        writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"authorization: Bearer %s\r\ncontent-length: %d\r\n\r\n%s"
+            % (KEY.encode(), len(payload), payload)
+        )
+        await writer.drain()
+        await reader.readuntil(b'data: {"n": 1}')  # the stream has started
+        writer.close()
+        await settled(lambda: limits.in_progress == 0, "the stream to end")
+        assert caller.limits.tokens.current >= 50, "charged what it reserved"
+
+
+def test_keys_are_capped_by_the_operators_ceilings() -> None:
+    ceilings = KeyCeilings.parse(
+        {
+            "default": {"requestsPerMinute": 100, "maxConcurrentRequests": 8},
+            "namespaces": {"team-a": {"tokensPerMinute": 5000}},
+        }
+    )
+    access = AccessControl(metrics=GatewayMetrics(), ceilings=ceilings)
+    access.apply_key("ADDED", access_key("free"))  # sets nothing: gets the ceilings
+    access.apply_key("ADDED", access_key("greedy", requestsPerMinute=10_000))
+    access.apply_key("ADDED", access_key("modest", requestsPerMinute=10))
+    access.apply_key("ADDED", access_key("a", namespace="team-a", tokensPerMinute=10**9))
+    limits = {
+        name: caller.limits
+        for name in ("free", "greedy", "modest")
+        if (caller := access.authenticate(bearer(key_for("ns", name)))) is not None
+    }
+    assert [limits[n].requests_limit for n in ("free", "greedy", "modest")] == [100, 100, 10]
+    assert all(limit.concurrent == 8 for limit in limits.values())
+    team_a = access.authenticate(bearer(key_for("team-a", "a")))
+    assert team_a is not None
+    assert team_a.limits.tokens_limit == 5000 and team_a.limits.requests_limit is None
+    for bad, field_name in (
+        ({"default": {"requestsPerMinute": 0}}, "requestsPerMinute"),
+        ({"default": {"rpm": 1}}, "unknown"),
+        ({"namespaces": {"x": {"tokensPerMinute": "many"}}}, "tokensPerMinute"),
+        ({"everyone": {}}, "unknown"),
+    ):
+        with pytest.raises(ValueError, match=field_name):
+            KeyCeilings.parse(bad)
+
+
+def test_what_a_request_may_use_is_bounded_before_it_is_forwarded() -> None:
+    fields: dict[str, object] = {"max_tokens": 100}
+    assert tokens_to_reserve(route="chat", fields=fields, body_bytes=400, context=None) == 201
+    assert tokens_to_reserve(route="chat", fields=fields, body_bytes=400, context=150) == 150
+    assert tokens_to_reserve(route="chat", fields={}, body_bytes=400, context=2048) == 2048
+    assert tokens_to_reserve(route="chat", fields={}, body_bytes=400, context=None) is None
+    native = {"n_predict": -1}  # llama-server's "no limit"
+    assert tokens_to_reserve(route="completion", fields=native, body_bytes=8, context=512) == 512
+    assert tokens_to_reserve(route="embeddings", fields={}, body_bytes=400, context=None) == 101
+    assert tokens_to_reserve(route="tokenize", fields={}, body_bytes=400, context=None) == 0
 
 
 async def test_unauthenticated_mode_is_open(monkeypatch: pytest.MonkeyPatch) -> None:
