@@ -306,6 +306,7 @@ def create_app(
                     waker=waker,
                     max_held_bytes=limits.max_held_bytes,
                     max_waiting_requests=limits.max_waiting_requests,
+                    namespace_share=limits.namespace_share,
                 ),
                 metrics=metrics,
                 health=health,

@@ -43,6 +43,7 @@ from gateway.transport.front import DEFAULT_MAX_REQUESTS_PER_CLIENT, DEFAULT_MAX
 DEFAULT_MAX_HELD_BYTES = 256 * 1024 * 1024
 DEFAULT_MAX_WAITING_REQUESTS = 1024
 DEFAULT_CLIENT_WRITE_TIMEOUT_S = 30.0
+DEFAULT_NAMESPACE_SHARE = 0.5  # of the waiting budgets, per namespace (gateway.namespace_shares)
 RETRY_AFTER_HELD_FULL_S = 5
 
 
@@ -55,6 +56,7 @@ class GatewayLimits:
     max_waiting_requests: int = DEFAULT_MAX_WAITING_REQUESTS
     max_requests_per_client: int = DEFAULT_MAX_REQUESTS_PER_CLIENT  # 0: no cap
     client_write_timeout_s: float = DEFAULT_CLIENT_WRITE_TIMEOUT_S  # 0: the kernel's
+    namespace_share: float = DEFAULT_NAMESPACE_SHARE  # 1: no per-namespace share
 
 
 DEFAULT_LIMITS = GatewayLimits()

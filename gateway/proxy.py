@@ -56,6 +56,7 @@ from gateway.errors import ErrorShape, GatewayError
 from gateway.held import DEFAULT_MAX_HELD_BYTES, DEFAULT_MAX_WAITING_REQUESTS, HeldBytes
 from gateway.messages_stream import MessageStreamOpening
 from gateway.metrics import GatewayMetrics
+from gateway.namespace_shares import NamespaceShares
 from gateway.registry import Endpoint, Lease, Model, ModelRegistry
 from gateway.transport.exchange import HeaderLookup, Headers, Reply
 from gateway.transport.upstream import UpstreamBody, UpstreamTransport
@@ -113,10 +114,13 @@ class Proxy:
     held: HeldBytes = field(init=False)
     waiting: int = field(init=False, default=0)  # requests waiting, over all models
     slot_waiting: dict[str, int] = field(init=False, default_factory=dict)  # per model key
+    namespace_share: float = 1.0  # gateway.namespace_shares
+    shares: NamespaceShares = field(init=False)
     probes: set[asyncio.Task[None]] = field(init=False, default_factory=set)
 
     def __post_init__(self) -> None:
         self.held = HeldBytes(limit=self.max_held_bytes, gauge=self.registry.metrics.held_bytes)
+        self.shares = NamespaceShares(share=self.namespace_share)
 
     async def forward(
         self,
@@ -180,23 +184,28 @@ class Proxy:
     async def _hold(self, model: Model, *, size: int) -> None:
         """Wait for the model's first replica, its `size` bytes counted as held (the
         wake queue caps the requests held per model)."""
-        self._check_waiting()
-        with self.held.hold(size):
+        refusal = self._waiting_refused(None) or self._share_refused(model, size=size)
+        if refusal is not None:
+            raise refusal
+        with self.held.hold(size), self.shares.counted(model.namespace, size=size):
             self.waiting += 1
             try:
                 await self.waker.hold_until_ready(model)
             finally:
                 self.waiting -= 1
 
-    def _check_waiting(self, model: Model | None = None) -> None:
-        """GatewayError 429 if one more request may not wait: the gateway's cap, and
-        with `model`, its cap on requests waiting for a slot."""
-        refusal = self._waiting_refused(model)
-        if refusal is not None:
-            raise refusal
+    def _share_refused(self, model: Model, *, size: int) -> GatewayError | None:
+        """The 429 when `model`'s namespace has used its share of the waiting budgets."""
+        return self.shares.refusal(
+            model.namespace,
+            size=size,
+            max_waiting=self.max_waiting_requests,
+            max_held=self.held.limit,
+        )
 
     def _waiting_refused(self, model: Model | None) -> GatewayError | None:
-        """The 429 `_check_waiting` raises, or None if the request may wait."""
+        """The 429 for one more waiting request (the gateway's cap, and with `model`
+        its cap on requests waiting for a slot), or None if the request may wait."""
         if self.waiting >= self.max_waiting_requests:
             return _queue_full(
                 f"the gateway already has {self.waiting} requests waiting "
@@ -230,7 +239,7 @@ class Proxy:
                 return lease
         if not registry.can_wait(model, exclude=tried):
             return None
-        refusal = self._waiting_refused(model)
+        refusal = self._waiting_refused(model) or self._share_refused(model, size=size)
         if refusal is not None:
             if affinity is not None:  # it would have waited for its home: any free slot
                 lease = registry.acquire(
@@ -245,7 +254,7 @@ class Proxy:
                     return lease
             raise refusal
         waiting = registry.metrics.slot_waiting.labels(model.key)
-        with self.held.hold(size):
+        with self.held.hold(size), self.shares.counted(model.namespace, size=size):
             waiting.inc()
             self.waiting += 1
             self.slot_waiting[model.key] = self.slot_waiting.get(model.key, 0) + 1

@@ -85,6 +85,7 @@ def _gateway(args: argparse.Namespace) -> int:
             max_waiting_requests=args.max_waiting_requests,
             max_requests_per_client=args.max_requests_per_client,
             client_write_timeout_s=args.client_write_timeout,
+            **({} if args.namespace_share is None else {"namespace_share": args.namespace_share}),
         ),
         keda_scaler_host=args.host,
         keda_scaler_port=args.keda_scaler_port,
@@ -118,6 +119,13 @@ def _positive_int(value: str) -> int:
     if number < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1: {value!r}")
     return number
+
+
+def _share(value: str) -> float:
+    share = float(value)
+    if not 0 < share <= 1:
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1: {value!r}")
+    return share
 
 
 def _version(args: argparse.Namespace) -> int:
@@ -205,6 +213,14 @@ def build_parser() -> argparse.ArgumentParser:
         default="256Mi",
         help="bytes of request bodies the gateway receives at once, over all clients; past "
         "it a request gets 429 (a quantity)",
+    )
+    gateway.add_argument(
+        "--namespace-share",
+        type=_share,
+        default=None,
+        help="the most of --max-waiting-requests and --max-held-bytes the requests waiting "
+        "for one namespace's models may take (0 < share <= 1, default 0.5; 1: no "
+        "per-namespace share)",
     )
     gateway.add_argument(
         "--max-waiting-requests",

@@ -27,10 +27,11 @@ import pytest
 
 from gateway.app import GatewayHolder, GatewayState, build_apps
 from gateway.held import GatewayLimits
+from gateway.namespace_shares import NamespaceShares
 from gateway.transport.front import PublicFront
 from gateway.transport.serve import Listen, serve
 from kamadev.processes import free_port
-from tests.unit.gateway_support import fixed_state
+from tests.unit.gateway_support import deployment, fixed_state, pod
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -184,6 +185,47 @@ async def test_requests_waiting_for_a_slot_are_capped_per_model_and_overall() ->
         gw.replica.hold.set()
         assert [a.status_code for a in await asyncio.gather(*busy)] == [200] * 5
         assert gw.state.proxy.waiting == 0 and gw.state.proxy.held.held == 0
+
+
+async def test_one_namespaces_flood_leaves_the_others_their_share_of_waiting() -> None:
+    """Requests waiting for slots shared one gateway-wide cap: one tenant's flood of
+    waiting requests got every other tenant 429. Now a namespace's models may have at
+    most its share of the waiting requests (and of their held bytes)."""
+    limits = GatewayLimits(max_waiting_requests=4)
+    async with running_gateway(limits=limits) as gw, httpx.AsyncClient(timeout=20) as http:
+        proxy, registry = gw.state.proxy, gw.state.registry
+        proxy.shares = NamespaceShares(share=0.5)
+        registry.apply_deployment("ADDED", deployment("chat", namespace="other", uid="u-other"))
+        registry.apply_pod(
+            "ADDED", pod("chat-o", namespace="other", model="chat", ip="127.0.0.1", slots=1)
+        )
+        gw.replica.hold.clear()
+        url = f"{gw.url}/v1/completions"
+        flood = [asyncio.create_task(http.post(url, json=completion())) for _ in range(3)]
+        await eventually(lambda: proxy.shares.waiting.get("ns") == 2, "ns at its share")
+        for _ in range(3):  # without shares the third would take the others' room
+            refused = await http.post(url, json=completion())
+            assert_429(refused, "queue_full")
+        message = refused.json()["error"]["message"]
+        assert "namespace ns already has 2 requests waiting (at most 2" in message
+        honest = [
+            asyncio.create_task(http.post(url, json=completion(model="other/chat")))
+            for _ in range(3)
+        ]
+        await eventually(lambda: proxy.shares.waiting.get("other") == 2, "other waits too")
+        assert proxy.waiting == 4
+        gw.replica.hold.set()
+        answers = await asyncio.gather(*flood, *honest)
+        assert [a.status_code for a in answers] == [200] * 6
+        assert proxy.shares.waiting == {} and proxy.shares.held == {}
+
+    bounded = NamespaceShares(share=0.5)
+    with bounded.counted("ns", size=600):
+        refusal = bounded.refusal("ns", size=500, max_waiting=100, max_held=2000)
+        assert refusal is not None and refusal.code == "held_bytes_full"
+        assert bounded.refusal("other", size=500, max_waiting=100, max_held=2000) is None
+    with pytest.raises(ValueError, match="share"):
+        NamespaceShares(share=0)
 
 
 async def test_one_client_may_have_only_so_many_requests_in_progress() -> None:
