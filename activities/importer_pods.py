@@ -28,6 +28,7 @@ from kama.importer_pod import (
     importer_pod_manifest,
     importer_pod_name,
 )
+from kama.importer_protocol import importer_token
 from kama.tenancy import TenancyPolicy
 
 TOKEN_BYTES = 32  # the importer pod's token: 256 random bits
@@ -58,10 +59,12 @@ class ImporterPodActivities(KubeClients):
         api: k8s.ApiClient,
         importer: ImporterTemplate,
         tenancy: TenancyPolicy | None = None,
+        master_key: str | None = None,
     ) -> None:
         super().__init__(api=api)
         self.importer = importer
         self.tenancy = tenancy or TenancyPolicy()
+        self.master_key = master_key  # KAMA_SERVING_KEY: importer tokens are derived
 
     @activity.defn(name="Start importer pod")
     def ensure_importer_pod(self, request: ImporterPod) -> PodRef:
@@ -76,13 +79,26 @@ class ImporterPodActivities(KubeClients):
             name=name,
             owner=ref,
             operation_id=request.operation_id,
-            token=secrets.token_urlsafe(TOKEN_BYTES),
+            token=self._token(ref, operation=request.operation_id, pod=name),
             mounts=self._mounts(artifact.get("spec") or {}, request),
         )
         target = KubeTarget(resource="pods", namespace=ref.namespace, name=name)
         with suppress(Conflict), kube_call(verb="create", target=target):
             self.core.create_namespaced_pod(ref.namespace, pod)
         return PodRef(namespace=ref.namespace, name=name)
+
+    def _token(self, ref: ObjectRef, *, operation: str, pod: str) -> str:
+        """The pod's token: derived where there is a master key (the relays then bind
+        only pods whose token they can derive), else random."""
+        if self.master_key is None:
+            return secrets.token_urlsafe(TOKEN_BYTES)
+        return importer_token(
+            master=self.master_key,
+            namespace=ref.namespace,
+            artifact_uid=ref.uid,
+            operation=operation,
+            pod=pod,
+        )
 
     def _mounts(self, spec: dict[str, Any], request: ImporterPod) -> ImporterMounts:
         """The claims and Secret the artifact's spec names, those the operation uses."""

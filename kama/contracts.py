@@ -219,5 +219,7 @@ def verify_workflow_id(ref: ObjectRef, *, operation: str) -> str:
 
 
 def importer_task_queue(ref: ObjectRef, *, operation: str) -> str:
-    """The task queue one importer pod polls (one per import or verify operation)."""
-    return scoped(cluster=ref.cluster, name=f"kama-importer-{operation}")
+    """The task queue of one importer pod's relay (one per import or verify
+    operation): the artifact's namespace and whole uid in it, so no two artifacts'
+    operations can share one, in any namespace."""
+    return scoped(cluster=ref.cluster, name=f"kama-importer-{ref.namespace}-{ref.uid}-{operation}")

@@ -14,13 +14,18 @@ Pure: no I/O."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from typing import Final
 from urllib.parse import quote, unquote
 
 IMPORTER_PORT: Final = 8090
 TOKEN_ENV: Final = "KAMA_IMPORTER_TOKEN"
 """The pod's token, in its spec (set by the worker when it creates the pod; the
-worker reads it back from the pod it verified as its own)."""
+worker reads it back from the pod it verified as its own). With the master key
+(`KAMA_SERVING_KEY`) it is `importer_token`, which only the worker can compute: a pod
+a tenant made in the importer's shape carries no token the worker would derive for
+it, so it gets no relay."""
 TOKEN_HEADER: Final = "authorization"
 CALL_PREFIX: Final = "/v1/activities/"
 HEALTH_PATH: Final = "/healthz"
@@ -47,3 +52,22 @@ def activity_of(path: str) -> str | None:
 
 def bearer(token: str) -> str:
     return f"Bearer {token}"
+
+
+def importer_token(
+    *, master: str, namespace: str, artifact_uid: str, operation: str, pod: str
+) -> str:
+    """The token of the importer pod `pod` of `operation` of the ModelArtifact
+    `artifact_uid` in `namespace`: HMAC-SHA256 of the master key over all four (64 hex
+    digits), so a token read from one pod fits no other pod, operation or artifact."""
+    message = f"importer/{namespace}/{artifact_uid}/{operation}/{pod}".encode()
+    return hmac.new(master.encode(), message, hashlib.sha256).hexdigest()
+
+
+def is_importer_token(
+    token: str, *, master: str, namespace: str, artifact_uid: str, operation: str, pod: str
+) -> bool:
+    expected = importer_token(
+        master=master, namespace=namespace, artifact_uid=artifact_uid, operation=operation, pod=pod
+    )
+    return hmac.compare_digest(token.encode(), expected.encode())

@@ -10,8 +10,14 @@ recreated importer pod or a new operation needs nothing else.
 A pod is bound only if it is exactly what the worker itself creates: Kama's labels,
 controlled by a ModelArtifact that exists in the pod's own namespace with the owner
 reference's uid, named as the worker names the operation's pod, with the operation's
-id starting with that artifact's uid. A tenant can create pods only in its own
-namespace, so it can at most stand in for its own artifacts' importers."""
+id starting with that artifact's uid, and (with the master key, `KAMA_SERVING_KEY`) a
+token the worker derives for that pod, operation and artifact
+(`kama.importer_protocol.importer_token`), so a pod a tenant made in that shape gets
+no relay. A tenant can create pods only in its own namespace, so it can at most stand
+in for its own artifacts' importers, and every relay is another Temporal worker
+polling Kama's namespace: at most `MAX_RELAYS_PER_NAMESPACE` are bound per namespace
+and `MAX_RELAYS` in all (the oldest pods first; a pod past a cap waits, and its
+operation retries, until a relay is free)."""
 
 from __future__ import annotations
 
@@ -31,13 +37,15 @@ from activities.importer_relay import ImporterPodAddress, ImporterRelay, result_
 from kama.api import GROUP, VERSION
 from kama.contracts import ARTIFACTS, ObjectRef, importer_task_queue
 from kama.importer_pod import IMPORTER_ROLE, importer_pod_name
-from kama.importer_protocol import IMPORTER_PORT, TOKEN_ENV
+from kama.importer_protocol import IMPORTER_PORT, TOKEN_ENV, is_importer_token
 from kama.tenancy import TenancyPolicy
 
 log = logging.getLogger("kama.importer-relays")
 
 LIST_EVERY_S = 1.0
 RELAY_ACTIVITY_SLOTS = 4
+MAX_RELAYS_PER_NAMESPACE = 16  # an import and a verify at a time for 8 artifacts at once
+MAX_RELAYS = 256  # Temporal workers polling Kama's namespace for importers, in all
 IMPORTER_SELECTOR = f"app.kubernetes.io/managed-by=kama,kama.dev/role={IMPORTER_ROLE}"
 
 
@@ -48,9 +56,12 @@ class Binding:
     uid: str  # the pod's, so a recreated pod is bound anew
 
 
-def binding_of(pod: dict[str, Any], *, cluster: str) -> tuple[Binding, ObjectRef] | None:
+def binding_of(
+    pod: dict[str, Any], *, cluster: str, master_key: str | None = None
+) -> tuple[Binding, ObjectRef] | None:
     """The relay a pod asks for and the artifact that must own it, if the pod is in
-    the shape the worker creates (None otherwise, or while it has no IP)."""
+    the shape the worker creates and, with `master_key`, carries the token the worker
+    derives for it (None otherwise, or while it has no IP)."""
     meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
     labels = meta.get("labels") or {}
     artifact, operation = labels.get("kama.dev/artifact"), labels.get("kama.dev/operation")
@@ -79,6 +90,15 @@ def binding_of(pod: dict[str, Any], *, cluster: str) -> tuple[Binding, ObjectRef
         "",
     )
     if not token:
+        return None
+    if master_key is not None and not is_importer_token(
+        token,
+        master=master_key,
+        namespace=meta["namespace"],
+        artifact_uid=uid,
+        operation=operation,
+        pod=meta["name"],
+    ):
         return None
     ref = ObjectRef(namespace=meta["namespace"], name=artifact, uid=uid, cluster=cluster)
     address = ImporterPodAddress(
@@ -110,6 +130,7 @@ class ImporterRelays:
         tenancy: TenancyPolicy,
         cluster: str,
         importer_functions: list[Callable[..., Any]],
+        master_key: str | None = None,
     ) -> None:
         self.client = client
         self.api = api
@@ -117,6 +138,8 @@ class ImporterRelays:
         self.custom = k8s.CustomObjectsApi(api)
         self.tenancy = tenancy
         self.cluster = cluster
+        self.master_key = master_key
+        self.refused_over_cap: set[str] = set()  # pod uids past a cap, logged once
         self.results = result_types(importer_functions)
         self.http = httpx.AsyncClient()
         self.running: dict[str, tuple[Binding, Worker, asyncio.Task[None]]] = {}
@@ -146,17 +169,7 @@ class ImporterRelays:
     async def sync(self) -> None:
         """Bind the importer pods listed now; unbind the ones gone."""
         pods = await asyncio.to_thread(self._importer_pods)
-        wanted: dict[str, Binding] = {}
-        for pod in pods:
-            found = binding_of(pod, cluster=self.cluster)
-            if found is None or not self.tenancy.serves(found[1].namespace):
-                continue
-            binding, ref = found
-            current = self.running.get(binding.queue)
-            known = current is not None and current[0] == binding
-            if not known and not await asyncio.to_thread(self._owned, ref):
-                continue
-            wanted[binding.queue] = binding
+        wanted = await self.wanted(pods)
         for queue, (binding, worker, task) in list(self.running.items()):
             if wanted.get(queue) != binding:
                 del self.running[queue]
@@ -174,6 +187,46 @@ class ImporterRelays:
             )
             self.running[queue] = (binding, worker, asyncio.create_task(worker.run()))
             log.info("relaying %s to %s", queue, binding.address.name)
+
+    async def wanted(self, pods: list[dict[str, Any]]) -> dict[str, Binding]:
+        """The relays `pods` ask for that the worker binds, by queue: pods of its own
+        (`binding_of`, the owning artifact live), within the caps."""
+        wanted: dict[str, Binding] = {}
+        per_namespace: dict[str, int] = {}
+        over_cap: set[str] = set()
+        # bound ones first, then the oldest: a flood of new pods displaces nothing
+        for pod in sorted(pods, key=self._binding_order):
+            found = binding_of(pod, cluster=self.cluster, master_key=self.master_key)
+            if found is None or not self.tenancy.serves(found[1].namespace):
+                continue
+            binding, ref = found
+            if (
+                len(wanted) >= MAX_RELAYS
+                or per_namespace.get(ref.namespace, 0) >= MAX_RELAYS_PER_NAMESPACE
+            ):
+                over_cap.add(binding.uid)
+                if binding.uid not in self.refused_over_cap:
+                    log.warning(
+                        "importer pod %s/%s waits for a relay: %d relays are bound in its "
+                        "namespace (at most %d), %d in all (at most %d)",
+                        ref.namespace, binding.address.name,
+                        per_namespace.get(ref.namespace, 0), MAX_RELAYS_PER_NAMESPACE,
+                        len(wanted), MAX_RELAYS,
+                    )  # fmt: skip
+                continue
+            current = self.running.get(binding.queue)
+            known = current is not None and current[0] == binding
+            if not known and not await asyncio.to_thread(self._owned, ref):
+                continue
+            wanted[binding.queue] = binding
+            per_namespace[ref.namespace] = per_namespace.get(ref.namespace, 0) + 1
+        self.refused_over_cap = over_cap
+        return wanted
+
+    def _binding_order(self, pod: dict[str, Any]) -> tuple[bool, str, str]:
+        meta = pod["metadata"]
+        bound = any(b.uid == meta.get("uid") for b, _w, _t in self.running.values())
+        return (not bound, str(meta.get("creationTimestamp") or ""), str(meta.get("uid")))
 
     async def run(self, stop: asyncio.Event) -> None:
         try:

@@ -64,6 +64,7 @@ async def run_worker(settings: Settings) -> None:
             options=settings.importer_pod,
         ),
         tenancy=settings.tenancy,
+        master_key=settings.serving_key,
     )
     with httpx.Client() as unused:  # the relays read only the activities' declarations
         declared = importer_activities(http=unused, hf_endpoint="")
@@ -73,6 +74,7 @@ async def run_worker(settings: Settings) -> None:
         tenancy=settings.tenancy,
         cluster=settings.cluster,
         importer_functions=declared,
+        master_key=settings.serving_key,
     )
     progress = ProgressActivities(client=client)
     if settings.serving_key is None:

@@ -14,10 +14,11 @@ from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
+from kubernetes import client as k8s
 from temporalio import activity
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
@@ -32,7 +33,16 @@ from kama.importer_pod import (
     importer_pod_manifest,
     importer_pod_name,
 )
-from kama.importer_protocol import MAX_REQUEST_BYTES, TOKEN_HEADER, bearer, call_path
+from kama.importer_protocol import (
+    MAX_REQUEST_BYTES,
+    TOKEN_ENV,
+    TOKEN_HEADER,
+    bearer,
+    call_path,
+    importer_token,
+)
+from kama.tenancy import TenancyPolicy
+from kamactl import importer_relays
 from kamactl.importer_relays import binding_of
 from kamactl.importer_server import ImporterServer, serve_importer
 from kamactl.worker import importer_activities
@@ -281,6 +291,73 @@ def test_a_relay_is_bound_only_to_a_pod_in_the_workers_own_shape() -> None:
     }
     for why, changes in refused.items():
         assert binding_of(worker_made_pod(**changes), cluster="c1") is None, why
+
+
+MASTER = "the-workers-master-key"
+
+
+def derived_pod(
+    namespace: str = "team-a", uid: str = "0f3c2a1b-aaaa", n: int = 1
+) -> dict[str, Any]:
+    """An importer pod the worker made with the master key (its token derived)."""
+    operation = f"{uid[:8]}-g{n}-a1"
+    name = importer_pod_name("llama", operation)
+    token = importer_token(
+        master=MASTER, namespace=namespace, artifact_uid=uid, operation=operation, pod=name
+    )
+    pod = worker_made_pod(**{
+        "metadata.namespace": namespace,
+        "metadata.name": name,
+        "metadata.uid": f"pod-{namespace}-{n}",
+        "metadata.creationTimestamp": f"2026-12-06T00:{n // 60:02d}:{n % 60:02d}Z",
+        "metadata.ownerReferences.0.uid": uid,
+        "spec.containers.0.env": [{"name": TOKEN_ENV, "value": token}],
+    })  # fmt: skip
+    pod["metadata"]["labels"]["kama.dev/operation"] = operation
+    return pod
+
+
+def test_a_pod_in_the_importers_shape_needs_the_token_the_worker_derives() -> None:
+    """20 busybox pods in the importer's shape once got 20 relays (20 Temporal
+    workers). With the master key a pod is bound only if its token is the one the
+    worker derives for that namespace, artifact, operation and pod."""
+    made = derived_pod()
+    assert binding_of(made, cluster="c1", master_key=MASTER) is not None
+    forged = worker_made_pod()  # the right shape, a token of the tenant's choosing
+    assert binding_of(forged, cluster="c1", master_key=MASTER) is None
+    # a real pod's token, copied into a pod for another operation, fits nothing
+    other = derived_pod(n=2)
+    other["spec"]["containers"][0]["env"] = made["spec"]["containers"][0]["env"]
+    assert binding_of(other, cluster="c1", master_key=MASTER) is None
+    assert binding_of(made, cluster="c1", master_key="another-master") is None
+
+
+async def test_relays_are_capped_per_namespace_and_in_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(importer_relays, "MAX_RELAYS_PER_NAMESPACE", 3)
+    monkeypatch.setattr(importer_relays, "MAX_RELAYS", 5)
+    relays = importer_relays.ImporterRelays(
+        client=cast(Any, None),
+        api=k8s.ApiClient(),
+        tenancy=TenancyPolicy(),
+        cluster="c1",
+        importer_functions=[],
+        master_key=MASTER,
+    )
+    monkeypatch.setattr(relays, "_owned", lambda ref: True)
+    flood = [derived_pod("hostile", "11111111-bbbb", n) for n in range(1, 11)]
+    honest = [derived_pod("team-a", "0f3c2a1b-aaaa", n) for n in range(20, 22)]
+    late = [derived_pod("team-c", "22222222-cccc", n) for n in range(30, 33)]
+    wanted = await relays.wanted([*flood, *honest, *late])
+    bound = {ns: sum(b.address.namespace == ns for b in wanted.values()) for ns in NAMESPACES}
+    # the hostile flood gets its namespace's three; the oldest of the rest fill the total
+    assert bound == {"hostile": 3, "team-a": 2, "team-c": 0}, bound
+    assert {b.address.name for b in wanted.values() if b.address.namespace == "hostile"} == {
+        p["metadata"]["name"] for p in flood[:3]
+    }, "the oldest pods of a namespace keep their relays"
+    await relays.http.aclose()
+
+
+NAMESPACES = ("hostile", "team-a", "team-c")
 
 
 STARTED: list[int] = []

@@ -148,7 +148,7 @@ def test_the_unnamed_cluster_keeps_the_ids_kama_always_had() -> None:
         "rollout/team-a/llama/3",
         "import/team-a/llama/op",
         "verify/team-a/llama/op",
-        "kama-importer-op",
+        "kama-importer-team-a-u-1-op",
         "wake/team-a/llama",
         "drain/team-a/llama-0",
         "kama-control",
