@@ -29,6 +29,7 @@ from gateway.api_routes import InferenceRoute, match_inference
 from gateway.auth import AccessControl, Caller, check_model, resolve_for
 from gateway.auth_usage import MeteredReply
 from gateway.errors import ErrorShape, GatewayError
+from gateway.media_urls import remote_media_url
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import Proxy
 from gateway.registry import Model, ModelRegistry
@@ -137,6 +138,13 @@ async def serve_inference(
             name = model_name(fields.get("model"))
         model, adapter = resolve_selected(proxy.registry, name, caller)
         route.check_mode(mode=model.mode, model=name)
+        if not model.remote_media and (url := remote_media_url(fields)) is not None:
+            raise GatewayError(
+                400,
+                f"model {name!r} takes images only as data: URLs, not {url[:64]!r} "
+                "(the serving pod would fetch it; spec.routing.allowRemoteMediaUrls lets it)",
+                code="remote_media_not_allowed",
+            )
         reserved = access.reserve(
             caller,
             tokens_to_reserve(

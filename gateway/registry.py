@@ -118,6 +118,7 @@ class Model:
     prefix_affinity: bool = False  # spec.routing.strategy PrefixAffinity
     mode: ServingMode = ServingMode.GENERATION  # spec.runtime.mode: the routes it serves
     context: int | None = None  # spec.runtime.contextSize: a request's most tokens
+    remote_media: bool = False  # spec.routing.allowRemoteMediaUrls (gateway.media_urls)
     adapters: Adapters = ()  # spec.adapters: (name, scale) in llama-server's load order
     created: int = 0
     ready: asyncio.Event = field(default_factory=asyncio.Event)
@@ -269,7 +270,9 @@ class ModelRegistry:
                 scaling.get("scaleDownWindow", DEFAULT_SCALE_DOWN_WINDOW)
             ),
         ).total_seconds()
-        model.prefix_affinity = (spec.get("routing") or {}).get("strategy") == "PrefixAffinity"
+        routing = spec.get("routing") or {}
+        model.prefix_affinity = routing.get("strategy") == "PrefixAffinity"
+        model.remote_media = routing.get("allowRemoteMediaUrls") is True
         runtime = spec.get("runtime") or {}
         model.mode = serving_mode(runtime.get("mode"))
         context = runtime.get("contextSize")

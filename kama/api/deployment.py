@@ -352,6 +352,11 @@ class Routing(SpecModel):
     that start alike (the same first messages or prompt start) go to the same replica,
     whose llama-server keeps that prefix in a slot's prompt cache, unless that replica
     is already busier than 1.25x the average (consistent hashing with bounded loads)."""
+    allow_remote_media_urls: bool = False
+    """Pass on requests whose images name a URL (Chat's `image_url`, Responses'
+    `input_image`, Messages' `source.type: url`), which llama-server then fetches from
+    the serving pod. Off (the default), the gateway answers them 400 and only `data:`
+    URLs pass, so a client cannot make a serving pod reach addresses of its choosing."""
 
 
 ADAPTER_NAME_PATTERN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"

@@ -16,12 +16,14 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import pytest
 
 from gateway.app import GatewayHolder, GatewayState, build_apps
 from gateway.held import DEFAULT_LIMITS, DEFAULT_MAX_HELD_BYTES, GatewayLimits
+from gateway.media_urls import remote_media_url
 from gateway.registry import Model
 from gateway.transport import front
 from gateway.transport.front import PublicFront
@@ -586,3 +588,49 @@ async def test_a_replica_failing_mid_json_answer_is_a_502_in_the_openai_shape() 
         answer = await http.post(f"{gw.url}/v1/completions", json=completion("die-json"))
         assert answer.status_code == 502, answer.text
         assert answer.json()["error"]["code"] == "upstream_failed"
+
+
+async def test_an_image_by_url_is_refused_unless_the_deployment_allows_it() -> None:
+    """A vision model's llama-server fetches an image given by URL from the serving pod:
+    any client could make the pod reach an address of its choosing. Only data: URLs
+    pass, unless the deployment opts in (spec.routing.allowRemoteMediaUrls)."""
+    remote = "http://169.254.169.254/latest/meta-data/"
+    part = {"type": "image_url", "image_url": {"url": remote}}
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": [part]}], "mode": "whole"}
+    inline = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    async with running_gateway() as gw, httpx.AsyncClient() as http:
+        url = f"{gw.url}/v1/chat/completions"
+        refused = await http.post(url, json=chat)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["code"] == "remote_media_not_allowed"
+        allowed = chat | {"messages": [{"role": "user", "content": [inline]}]}
+        assert (await http.post(url, json=allowed)).status_code == 200
+        assert len(gw.replica.requests) == 1, "the refused request reached no replica"
+        opted_in = deployment("chat")
+        opted_in["spec"]["routing"] = {"allowRemoteMediaUrls": True}
+        gw.state.registry.apply_deployment("MODIFIED", opted_in)
+        assert (await http.post(url, json=chat)).status_code == 200
+
+
+def test_every_api_s_image_url_is_found() -> None:
+    remote = "https://example.com/cat.png"
+    found: list[dict[str, Any]] = [
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": remote}]}]},
+        {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": remote}]}]},
+        {"input": [{"type": "input_image", "image_url": remote}]},
+        {"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "what is it?"},
+            {"type": "image", "source": {"type": "url", "url": remote}},
+        ]}]},
+    ]  # fmt: skip
+    for fields in found:
+        assert remote_media_url(fields) == remote, fields
+    inline = {"type": "image", "source": {"type": "base64", "data": "AAAA"}}
+    nothing: list[dict[str, Any]] = [
+        {"messages": [{"role": "user", "content": "text only"}]},
+        {"messages": [{"role": "user", "content": [inline]}]},
+        {"prompt": "https://example.com/cat.png"},
+        {"messages": "not a list"},
+    ]
+    for fields in nothing:
+        assert remote_media_url(fields) is None, fields
