@@ -1,9 +1,13 @@
 """`kama watcher`: list+watch Kama's resources and serving pods, and nudge or
-signal their workflows."""
+signal their workflows: one event at a time, from a queue that keeps each object's
+latest event only and lets namespaces take turns (`watcher.event_queue`), with the
+serving pods' events that change nothing a workflow reads left out
+(`watcher.pod_changes`)."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 from collections.abc import Awaitable, Callable
@@ -22,10 +26,13 @@ from informer.watch import (
 )
 from kama.api import GROUP, VERSION
 from kama.config import Settings
+from kama.serving_key import controller_uid
 from kama.serving_pod import ROLE_LABEL, SERVER_ROLE
 from watcher.dependents import DeploymentSignals
+from watcher.event_queue import CoalescingQueue
 from watcher.metrics import WatcherMetrics
 from watcher.nudge import ARTIFACT, CACHE, DEPLOYMENT, EntityKind, Nudger
+from watcher.pod_changes import PodChanges
 
 log = logging.getLogger("kama.watcher")
 
@@ -117,12 +124,23 @@ async def run_watcher(
     metrics = metrics or WatcherMetrics(health=health)
     handle = handlers(client=client, custom=custom, settings=settings, metrics=metrics)
     loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[tuple[str, str, dict[str, Any]]] = asyncio.Queue()
+    queue = CoalescingQueue()
+    pods = PodChanges()
+
+    def enqueue(name: str, kind: str, obj: dict[str, Any]) -> None:
+        metrics.event(resource=name, type=kind)
+        if name == "pods" and not pods.changed(kind, obj):
+            metrics.skipped(reason="unchanged")
+            return
+        before = queue.coalesced
+        queue.put(event_key(name, obj), namespace=_namespace(obj), event=(name, kind, obj))
+        if queue.coalesced > before:
+            metrics.skipped(reason="coalesced")
 
     for target in watch_targets(settings=settings, api=api, custom=custom):
 
         def on_object(kind: str, obj: dict[str, Any], name: str = target.name) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, (name, kind, obj))
+            loop.call_soon_threadsafe(enqueue, name, kind, obj)
 
         start_watch(target=target, on_object=on_object, stop=stop, health=health)
     while not stop.is_set():
@@ -130,11 +148,34 @@ async def run_watcher(
             name, kind, obj = await asyncio.wait_for(queue.get(), timeout=1)
         except TimeoutError:
             continue
-        metrics.event(resource=name, type=kind)
         try:
             await handle[name](kind, obj)
         except Exception:
             log.exception(
                 "handling %s of %s failed; retrying", kind, obj.get("metadata", {}).get("name")
             )
-            loop.call_later(NUDGE_RETRY_S, queue.put_nowait, (name, kind, obj))
+            loop.call_later(
+                NUDGE_RETRY_S,
+                functools.partial(
+                    queue.retry,
+                    event_key(name, obj),
+                    namespace=_namespace(obj),
+                    event=(name, kind, obj),
+                ),
+            )
+
+
+def event_key(name: str, obj: dict[str, Any]) -> tuple[str, str, str]:
+    """What an event coalesces with (`watcher.event_queue`): the same object, or for a
+    serving pod, every pod of the same deployment (their events all ask its workflow
+    to look at its pods again)."""
+    meta = obj.get("metadata") or {}
+    uid = str(meta.get("uid") or "")
+    if name == "pods":
+        owner = controller_uid(meta.get("ownerReferences"))
+        return ("pods", _namespace(obj), owner or uid)
+    return (name, _namespace(obj), uid)
+
+
+def _namespace(obj: dict[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("namespace") or "")

@@ -2,6 +2,10 @@
 
 - `kama_watcher_events_total{resource,type}`: objects delivered by the watches
   (ADDED, MODIFIED, DELETED, and SYNC for every object a (re-)list replays);
+- `kama_watcher_events_skipped_total{reason}`: events not handled on their own:
+  `coalesced` (a later event of the same object, or of a pod of the same deployment,
+  replaced it while it waited) or `unchanged` (a pod write that changed nothing a
+  workflow reads);
 - `kama_watcher_nudges_total{kind,outcome}`: signal-with-starts of an entity workflow
   (`ok`, or `error`: the event is retried after a pause);
 - `kama_watcher_signals_total{signal,outcome}`: signals to a deployment's workflow on
@@ -61,6 +65,12 @@ class WatcherMetrics:
             ["resource", "type"],
             registry=self.registry,
         )
+        self.skips = Counter(
+            "kama_watcher_events_skipped",
+            "Events not handled on their own, by reason (coalesced, unchanged)",
+            ["reason"],
+            registry=self.registry,
+        )
         self.nudges = Counter(
             "kama_watcher_nudges",
             "Signal-with-starts of entity workflows, by kind and outcome",
@@ -78,6 +88,9 @@ class WatcherMetrics:
 
     def event(self, *, resource: str, type: str) -> None:
         self.events.labels(resource=resource, type=type).inc()
+
+    def skipped(self, *, reason: str) -> None:
+        self.skips.labels(reason=reason).inc()
 
     def nudged(self, *, kind: str, outcome: str) -> None:
         self.nudges.labels(kind=kind, outcome=outcome).inc()

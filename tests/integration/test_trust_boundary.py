@@ -208,6 +208,25 @@ async def test_a_forged_importer_task_starts_no_importer(
     assert pods["items"] == []
 
 
+def test_a_status_with_forged_gguf_facts_is_refused_by_the_api_server(
+    kama_control: KamaControl, namespace: str
+) -> None:
+    """3e8 layers in an artifact's status once got the shared worker OOMKilled while it
+    planned, and again on every replay. Whoever may write the status now meets the
+    CRD's bounds (kama.api.gguf_bounds): the API server refuses the patch, naming the
+    field, and nothing reaches a workflow."""
+    control = kama_control
+    apply(control.stack, artifact_without_cache(namespace, "forged-facts"))
+    for fact, value in (("layers", 300_000_000), ("vocabSize", 1 << 40), ("contextLength", -1)):
+        patch = json.dumps({"status": {"gguf": {fact: value}}})
+        refused = kubectl(control.stack, "patch", "modelartifact", "forged-facts", "-n", namespace,
+                          "--subresource=status", "--type=merge", "-p", patch, check=False)  # fmt: skip
+        assert refused.returncode != 0, f"a status with {fact}={value} was accepted"
+        assert f"status.gguf.{fact}" in refused.stderr, refused.stderr
+    found = get_json(control.stack, "modelartifact", "forged-facts", "-n", namespace)
+    assert "gguf" not in (found.get("status") or {})
+
+
 def test_a_tenants_key_neither_lists_nor_reaches_nor_wakes_another_namespaces_model(
     kama_control: KamaControl, keyed_gateway: GatewayProcess, namespace: str
 ) -> None:
