@@ -88,7 +88,9 @@ async def run_worker(settings: Settings) -> None:
         tenancy=settings.tenancy,
         serving_key=settings.serving_key,
     )
-    keda = KedaActivities(api=api, scaler_address=settings.keda_scaler_address)
+    keda = KedaActivities(
+        api=api, scaler_address=settings.keda_scaler_address, tenancy=settings.tenancy
+    )
     llama = LlamaServerActivities(
         http=httpx.AsyncClient(timeout=LLAMA_PROBE_TIMEOUT_S),
         api=api,

@@ -419,7 +419,7 @@ def test_keda_mode_serves_the_scaler_and_lets_the_worker_write_scaled_objects(
         assert env["KAMA_KEDA_SCALER_ADDRESS"] == address
         assert Settings.from_env(plain_env(worker["containers"][0])).keda_scaler_address == address
         rules = rules_by_component(docs)
-        assert verbs_on(rules["worker"], "scaledobjects") == {"create", "delete", "patch"}
+        assert verbs_on(rules["worker"], "scaledobjects") == {"create", "delete", "get", "patch"}
         assert not verbs_on(rules["gateway"], "scaledobjects")
     docs = render(helm, *EVAL)
     worker = named(docs, "Deployment", "kama-worker")["spec"]["template"]["spec"]
