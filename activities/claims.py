@@ -281,7 +281,25 @@ class ClaimActivities(KubeClients):
 
     @activity.defn(name="Delete cache claim")
     def delete_cache_claim(self, request: CacheRequest) -> bool:
-        """Delete the claim Kama created for a cache; never a claim Kama did not create."""
+        """Delete the claim Kama created for a cache; never a claim Kama did not create,
+        and only while the live ModelCache is being deleted with `retentionPolicy:
+        Delete` (whoever reaches Kama's Temporal namespace can schedule this: the request
+        only names the cache)."""
+        cache_target = KubeTarget(resource=CACHES, namespace=request.namespace, name=request.name)
+        try:
+            with kube_call(verb="get", target=cache_target):
+                cache = self.custom.get_namespaced_custom_object(
+                    GROUP, VERSION, request.namespace, CACHES, request.name
+                )
+        except NotFound:
+            return False  # its workflow deletes the claim before it lets the cache go
+        spec = cache.get("spec") or {}
+        if (
+            (cache.get("metadata") or {}).get("deletionTimestamp") is None
+            or spec.get("retentionPolicy") != "Delete"
+            or "claimTemplate" not in spec
+        ):
+            return False
         name = cache_claim_name(request.name)
         target = _claim_target(namespace=request.namespace, name=name)
         try:
