@@ -13,6 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
+from kubernetes import client as k8s
+from temporalio.client import Client
 from temporalio.worker import Worker
 
 from kama.config import Settings
@@ -20,7 +22,7 @@ from kama.importer_pod import ImporterTemplate
 from kamactl.clients import connect_temporal, kube_api
 from kamactl.importer_relays import ImporterRelays
 from kamactl.telemetry import install_temporal_metrics
-from kamactl.workflow_counts import worker_metrics
+from kamactl.workflow_counts import worker_metrics, workflow_type_names
 
 log = logging.getLogger("kama")
 
@@ -37,11 +39,7 @@ def _stop_on_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> No
 
 
 async def run_worker(settings: Settings) -> None:
-    from activities.keda import KedaActivities
-    from activities.kube import KubeActivities
-    from activities.llama_server import LlamaServerActivities
-    from activities.progress import ProgressActivities
-    from activities.serving_pods import ServingPodActivities
+    from activities.workflow_provenance import KamaWorkflowsOnly
     from workflows.artifact import ArtifactWorkflow
     from workflows.cache import CacheWorkflow
     from workflows.deployment import DeploymentWorkflow
@@ -56,16 +54,6 @@ async def run_worker(settings: Settings) -> None:
     install_temporal_metrics(host=settings.health_host, port=settings.temporal_metrics_port)
     client = await connect_temporal(settings)
     api = kube_api()
-    kube = KubeActivities(
-        api=api,
-        importer=ImporterTemplate(
-            image=settings.importer_image,
-            hf_endpoint=settings.hf_endpoint,
-            options=settings.importer_pod,
-        ),
-        tenancy=settings.tenancy,
-        master_key=settings.serving_key,
-    )
     with httpx.Client() as unused:  # the relays read only the activities' declarations
         declared = importer_activities(http=unused, hf_endpoint="")
     relays = ImporterRelays(
@@ -76,68 +64,38 @@ async def run_worker(settings: Settings) -> None:
         importer_functions=declared,
         master_key=settings.serving_key,
     )
-    progress = ProgressActivities(client=client)
     if settings.serving_key is None:
         log.warning(
             "KAMA_SERVING_KEY is not set: serving pods' llama-server requires no API key, "
             "so any pod that reaches one can use its model and its admin routes"
         )
-    serving = ServingPodActivities(
-        api=api,
-        runtime_images=settings.runtime_images,
-        tenancy=settings.tenancy,
-        serving_key=settings.serving_key,
-    )
-    keda = KedaActivities(
-        api=api, scaler_address=settings.keda_scaler_address, tenancy=settings.tenancy
-    )
-    llama = LlamaServerActivities(
-        http=httpx.AsyncClient(timeout=LLAMA_PROBE_TIMEOUT_S),
-        api=api,
-        tenancy=settings.tenancy,
-        serving_key=settings.serving_key,
-    )
+    activities = control_activities(settings=settings, api=api, client=client)
     stop = asyncio.Event()
     _stop_on_signals(asyncio.get_running_loop(), stop)
+    workflows: list[type] = [
+        ArtifactWorkflow,
+        CacheWorkflow,
+        ImportWorkflow,
+        ImportWatchWorkflow,
+        VerifyWorkflow,
+        DeploymentWorkflow,
+        RolloutWorkflow,
+        DrainWorkflow,
+        WakeWorkflow,
+    ]
+    provenance = KamaWorkflowsOnly(
+        client=client,
+        task_queue=settings.control_task_queue,
+        workflow_types=workflow_type_names(workflows),
+    )
     with ThreadPoolExecutor(max_workers=CONTROL_ACTIVITY_SLOTS) as pool:
         worker = Worker(
             client,
             task_queue=settings.control_task_queue,
             max_concurrent_activities=CONTROL_ACTIVITY_SLOTS,
-            workflows=[
-                ArtifactWorkflow,
-                CacheWorkflow,
-                ImportWorkflow,
-                ImportWatchWorkflow,
-                VerifyWorkflow,
-                DeploymentWorkflow,
-                RolloutWorkflow,
-                DrainWorkflow,
-                WakeWorkflow,
-            ],
-            activities=[
-                kube.patch_status,
-                kube.record_event,
-                kube.cache_claim,
-                kube.expand_cache_claim,
-                kube.source_claim,
-                kube.ensure_importer_pod,
-                kube.delete_pod,
-                kube.artifact_users,
-                kube.cache_users,
-                kube.delete_cache_claim,
-                kube.release_finalizer,
-                progress.import_progress,
-                serving.read_inputs,
-                serving.list_pods,
-                serving.create_pod,
-                serving.mark_draining,
-                serving.delete_pod,
-                serving.set_replicas,
-                keda.apply_scaled_object,
-                keda.delete_scaled_object,
-                llama.busy_slots,
-            ],
+            interceptors=[provenance],
+            workflows=workflows,
+            activities=activities,
             activity_executor=pool,
         )
         async with (
@@ -158,6 +116,68 @@ async def run_worker(settings: Settings) -> None:
             relaying = asyncio.create_task(relays.run(stop))
             await stop.wait()
             await relaying
+
+
+def control_activities(
+    *, settings: Settings, api: k8s.ApiClient, client: Client
+) -> list[Callable[..., Any]]:
+    """Every activity of Kama's control queue, built as the worker builds them (the
+    trust-boundary stack tests run them in-process with the worker's settings)."""
+    from activities.keda import KedaActivities
+    from activities.kube import KubeActivities
+    from activities.llama_server import LlamaServerActivities
+    from activities.progress import ProgressActivities
+    from activities.serving_pods import ServingPodActivities
+
+    kube = KubeActivities(
+        api=api,
+        importer=ImporterTemplate(
+            image=settings.importer_image,
+            hf_endpoint=settings.hf_endpoint,
+            options=settings.importer_pod,
+        ),
+        tenancy=settings.tenancy,
+        master_key=settings.serving_key,
+    )
+    progress = ProgressActivities(client=client)
+    serving = ServingPodActivities(
+        api=api,
+        runtime_images=settings.runtime_images,
+        tenancy=settings.tenancy,
+        serving_key=settings.serving_key,
+    )
+    keda = KedaActivities(
+        api=api, scaler_address=settings.keda_scaler_address, tenancy=settings.tenancy
+    )
+    llama = LlamaServerActivities(
+        http=httpx.AsyncClient(timeout=LLAMA_PROBE_TIMEOUT_S),
+        api=api,
+        tenancy=settings.tenancy,
+        serving_key=settings.serving_key,
+    )
+    return [
+        kube.patch_status,
+        kube.record_event,
+        kube.cache_claim,
+        kube.expand_cache_claim,
+        kube.source_claim,
+        kube.ensure_importer_pod,
+        kube.delete_pod,
+        kube.artifact_users,
+        kube.cache_users,
+        kube.delete_cache_claim,
+        kube.release_finalizer,
+        progress.import_progress,
+        serving.read_inputs,
+        serving.list_pods,
+        serving.create_pod,
+        serving.mark_draining,
+        serving.delete_pod,
+        serving.set_replicas,
+        keda.apply_scaled_object,
+        keda.delete_scaled_object,
+        llama.busy_slots,
+    ]
 
 
 def importer_activities(*, http: httpx.Client, hf_endpoint: str) -> list[Callable[..., Any]]:

@@ -1,14 +1,22 @@
-"""Anyone who reaches Kama's Temporal namespace gains nothing (#25): a client with no
-Kubernetes right at all starts a workflow of its own that schedules Kama's
-activities on Kama's control queue, with inputs of its choosing, against the real
-worker and API server. Every forged task fails at once (non-retryable), naming what
-did not match, and nothing is created or removed.
+"""Anyone who reaches Kama's Temporal namespace gains nothing (#25, #41).
 
-Before the fix the same `Create serving pod` task took a whole Pod manifest: the
-worker created a pod with a `hostPath: /` volume in any namespace."""
+An attacker with no Kubernetes right at all starts a workflow of its own that
+schedules Kama's activities on Kama's control queue, with inputs of its choosing,
+against the real worker and API server: the worker runs no activity for a workflow
+that is not one of its own types on its own queue (`activities.workflow_provenance`),
+so every forged task fails at once (non-retryable) and nothing is written
+(`test_an_attackers_workflow_has_no_activity_of_kamas_run`). Behind that fence each
+activity still checks what it acts on against the cluster: those checks run here
+in-process with the worker's own settings against the real API server (`forge`), as a
+task would run if it got past the fence.
+
+Before #25 the same `Create serving pod` task took a whole Pod manifest: the worker
+created a pod with a `hostPath: /` volume in any namespace. Before #41 a forged `Write
+status` with the uid Temporal lists set FitFailed on another tenant's deployment."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import secrets
 import time
@@ -18,12 +26,17 @@ from typing import Any
 
 import httpx
 import pytest
+from temporalio import activity as temporal_activity
 from temporalio.client import Client, WorkflowFailureError
+from temporalio.converter import DataConverter
 from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
+from kama.config import Settings
 from kama.serving_plan import ServingPlan
 from kama.serving_pod import ServingTemplate
+from kamactl.worker import control_activities
 from kamadev.stack import SHELL_IMAGE
 from tests.conftest import GatewayProcess, KamaControl, fresh_namespace
 from tests.integration.forged_task_workflow import ForgedTask, ForgedTaskWorkflow
@@ -42,9 +55,11 @@ HOSTILE_POD = {
 }
 
 
-async def forge(control: KamaControl, activity: str, argument: dict[str, Any]) -> BaseException:
-    """Run `activity` on Kama's control queue as an attacker's workflow would; the
-    failure the attacker gets back."""
+async def forge_over_temporal(
+    control: KamaControl, activity: str, argument: dict[str, Any]
+) -> BaseException:
+    """Schedule `activity` on Kama's control queue from an attacker's own workflow;
+    the failure the attacker gets back."""
     client = await Client.connect(control.stack.temporal.address)
     queue = f"attacker-{uuid.uuid4().hex[:8]}"
     task = ForgedTask(
@@ -59,6 +74,32 @@ async def forge(control: KamaControl, activity: str, argument: dict[str, Any]) -
     assert isinstance(cause, ActivityError), cause
     assert cause.cause is not None
     return cause.cause
+
+
+async def forge(
+    control: KamaControl, activity_name: str, argument: dict[str, Any]
+) -> BaseException:
+    """Run `activity_name` with this input as the worker would if the task got past
+    the provenance fence: in-process, built as the worker builds it (its settings, the
+    stack's API server), its input decoded by Temporal's converter; the failure."""
+    client = await Client.connect(control.stack.temporal.address)
+    found = {
+        temporal_activity._Definition.must_from_callable(fn).name: fn
+        for fn in control_activities(
+            settings=Settings.from_env(control.env), api=control.stack.api_client(), client=client
+        )
+    }
+    fn = found[activity_name]
+    converter = DataConverter.default.payload_converter
+    types = temporal_activity._Definition.must_from_callable(fn).arg_types
+    args = converter.from_payloads(converter.to_payloads([argument]), types)
+    try:
+        result = ActivityEnvironment().run(fn, *args)
+        if inspect.isawaitable(result):
+            await result
+    except Exception as exc:
+        return exc
+    raise AssertionError(f"the forged {activity_name} task succeeded")
 
 
 def template(*, image: str, **fields: Any) -> dict[str, Any]:
@@ -104,6 +145,38 @@ def typed(failure: BaseException, kind: str) -> str:
     return failure.message
 
 
+async def test_an_attackers_workflow_has_no_activity_of_kamas_run(
+    kama_control: KamaControl, namespace: str
+) -> None:
+    """The #41 attack, with what a Temporal client can learn: the victim's real uid
+    (Temporal lists it in workflow ids) and a valid template. Every task is refused
+    before it runs, naming the attacker's workflow, and nothing is written."""
+    control = kama_control
+    uid = victim(control, namespace)["metadata"]["uid"]
+    ref = {"namespace": namespace, "name": "victim", "uid": uid}
+    fit_failed = {"type": "FitFailed", "status": "True", "reason": "Forged", "message": "x",
+                  "lastTransitionTime": "2026-12-06T00:00:00Z", "observedGeneration": 1}  # fmt: skip
+    tasks: dict[str, dict[str, Any]] = {
+        "Write status": {"kind_plural": "modeldeployments", "ref": ref,
+                         "status": {"conditions": [fit_failed]}},
+        "Record event": {"kind": "ModelDeployment", "type": "Warning", "reason": "Forged",
+                         "message": "x", "ref": {**ref, "namespace": "kube-system"}},
+        "Create serving pod": {"ref": ref, "ordinal": 0,
+                               "template": template(image=control.env["KAMA_RUNTIME_IMAGE"])},
+        "Delete KEDA ScaledObject": ref,
+        "Delete cache claim": {"namespace": namespace, "name": "models"},
+    }  # fmt: skip
+    for name, argument in tasks.items():
+        message = typed(await forge_over_temporal(control, name, argument), "ForgedRequest")
+        assert "'Forged task', which is not one of Kama's" in message, (name, message)
+    found = get_json(control.stack, "modeldeployment", "victim", "-n", namespace)
+    conditions = (found.get("status") or {}).get("conditions") or []
+    assert not [c for c in conditions if c.get("reason") == "Forged"], conditions
+    events = get_json(control.stack, "events", "-n", "kube-system")["items"]
+    assert not [e for e in events if e.get("reason") == "Forged"]
+    assert get_json(control.stack, "pods", "-n", namespace)["items"] == []
+
+
 async def test_a_forged_serving_pod_task_creates_nothing(
     kama_control: KamaControl, namespace: str
 ) -> None:
@@ -113,7 +186,7 @@ async def test_a_forged_serving_pod_task_creates_nothing(
     ref = {"namespace": namespace, "name": "victim", "uid": uid}
 
     # the attack of the issue: a manifest of the attacker's choosing
-    failure = await forge(control, "Create serving pod", {"manifest": HOSTILE_POD})
+    failure = await forge_over_temporal(control, "Create serving pod", {"manifest": HOSTILE_POD})
     assert isinstance(failure, ApplicationError), failure
     assert "decoding arguments" in failure.message, failure  # not a CreatePod at all
 
@@ -181,8 +254,8 @@ async def test_forged_tasks_touch_no_pod_that_is_not_kamas(
         "3600",
     )
     pod = {"namespace": namespace, "name": "bystander"}
-    for activity in ("Delete serving pod", "Mark pod draining", "Delete pod"):
-        message = typed(await forge(control, activity, pod), "ForgedRequest")
+    for name in ("Delete serving pod", "Mark pod draining", "Delete pod"):
+        message = typed(await forge(control, name, pod), "ForgedRequest")
         assert "bystander" in message and "not a Kama" in message
     message = typed(
         await forge(control, "Count busy slots", {**pod, "pod": "bystander"}), "ForgedRequest"
@@ -430,7 +503,7 @@ def test_a_tenant_pod_with_every_right_at_home_gains_nothing_elsewhere(
         assert "other secret 403" in out, out
         assert lines["hostpath"].startswith("refused"), out
         assert lines["deployment"].startswith("refused ForgedRequest"), out
-        assert "guessed" in lines["deployment"], out
+        assert "not one of Kama's" in lines["deployment"], out
         assert lines["importer"].startswith("refused ForgedRequest"), out
         pods = get_json(control.stack, "pods", "-n", namespace)["items"]
         assert pods == [], [p["metadata"]["name"] for p in pods]
