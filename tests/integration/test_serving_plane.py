@@ -445,8 +445,12 @@ def test_unready_artifact_and_fit_failure_create_no_pods(
     )
     assert serving_pods(control, namespace, "huge") == []
     assert serving_pods(control, namespace, "orphan") == []
-    events = events_about(control.stack, namespace, "huge")
-    assert "FitFailed" in events
+    # the Event is recorded by the activity after the status write: wait for it
+    eventually(
+        lambda: "FitFailed" in events_about(control.stack, namespace, "huge") or None,
+        timeout=30,
+        what="the FitFailed Event",
+    )
 
 
 def test_gpu_deployment_is_bound_where_the_planner_chose(
