@@ -12,15 +12,20 @@ from temporalio.common import RetryPolicy
 ONCE = RetryPolicy(maximum_attempts=1)
 
 
+async def write_status(*, what: str, queue: str) -> str:
+    """Schedule `Write status` on `queue`, once, as each workflow here does."""
+    result: str = await workflow.execute_activity(
+        "Write status", what, task_queue=queue,
+        start_to_close_timeout=timedelta(seconds=10), retry_policy=ONCE,
+    )  # fmt: skip
+    return result
+
+
 @workflow.defn(name="Keep model deployment")
 class KamasWorkflow:
     @workflow.run
     async def run(self, queue: str) -> str:
-        result: str = await workflow.execute_activity(
-            "Write status", "kama's", task_queue=queue,
-            start_to_close_timeout=timedelta(seconds=10), retry_policy=ONCE,
-        )  # fmt: skip
-        return result
+        return await write_status(what="kama's", queue=queue)
 
 
 @workflow.defn(name="Keep model deployment")
@@ -29,19 +34,11 @@ class AttackersLookalike:
 
     @workflow.run
     async def run(self, queue: str) -> str:
-        result: str = await workflow.execute_activity(
-            "Write status", "forged", task_queue=queue,
-            start_to_close_timeout=timedelta(seconds=10), retry_policy=ONCE,
-        )  # fmt: skip
-        return result
+        return await write_status(what="forged", queue=queue)
 
 
 @workflow.defn(name="Forged task")
 class AttackersOwn:
     @workflow.run
     async def run(self, queue: str) -> str:
-        result: str = await workflow.execute_activity(
-            "Write status", "forged", task_queue=queue,
-            start_to_close_timeout=timedelta(seconds=10), retry_policy=ONCE,
-        )  # fmt: skip
-        return result
+        return await write_status(what="forged", queue=queue)
