@@ -85,20 +85,27 @@ def _claim_target(*, namespace: str, name: str) -> KubeTarget:
 
 
 class ClaimActivities(KubeClients):
-    @activity.defn(name="Find cache claim")
-    def cache_claim(self, request: CacheRequest) -> CacheClaim:
+    def _live_cache(self, request: CacheRequest) -> dict[str, Any] | None:
+        """The ModelCache the request names, read now; None when it does not exist."""
         target = KubeTarget(resource=CACHES, namespace=request.namespace, name=request.name)
         try:
             with kube_call(verb="get", target=target):
-                cache = self.custom.get_namespaced_custom_object(
+                found: dict[str, Any] = self.custom.get_namespaced_custom_object(
                     GROUP, VERSION, request.namespace, CACHES, request.name
                 )
         except NotFound:
+            return None
+        return found
+
+    @activity.defn(name="Find cache claim")
+    def cache_claim(self, request: CacheRequest) -> CacheClaim:
+        cache = self._live_cache(request)
+        if cache is None:
             raise ApplicationError(
                 f"ModelCache {request.namespace}/{request.name} does not exist",
                 type=Failure.STORAGE_UNAVAILABLE,
                 non_retryable=True,
-            ) from None
+            )
         spec = cache.get("spec", {})
         existing = spec.get("persistentVolumeClaim")
         if existing:
@@ -285,13 +292,8 @@ class ClaimActivities(KubeClients):
         and only while the live ModelCache is being deleted with `retentionPolicy:
         Delete` (whoever reaches Kama's Temporal namespace can schedule this: the request
         only names the cache)."""
-        cache_target = KubeTarget(resource=CACHES, namespace=request.namespace, name=request.name)
-        try:
-            with kube_call(verb="get", target=cache_target):
-                cache = self.custom.get_namespaced_custom_object(
-                    GROUP, VERSION, request.namespace, CACHES, request.name
-                )
-        except NotFound:
+        cache = self._live_cache(request)
+        if cache is None:
             return False  # its workflow deletes the claim before it lets the cache go
         spec = cache.get("spec") or {}
         if (
