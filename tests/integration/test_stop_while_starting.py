@@ -30,7 +30,9 @@ IMPORTER_STOP_WITHIN_S = 2  # well inside its 10 s grace: a stop it ignored show
 def started_process(marker: bytes, *, timeout: float) -> tuple[int, float]:
     """The first process whose environment holds `marker` (a whole `NAME=value`), and
     when it was found. A process's environment is read again only when its name
-    changed (an exec: runc's init becomes the container's program under one pid)."""
+    changed (an exec: runc's init becomes the container's program under one pid), or
+    while it reads empty: an exec sets the new name before the new environment's bounds
+    (`create_elf_tables`), so a read in between finds the new name and no environment."""
     seen: set[tuple[str, bytes]] = set()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -46,9 +48,22 @@ def started_process(marker: bytes, *, timeout: float) -> tuple[int, float]:
                 continue
             if marker in environ.split(b"\0"):
                 return int(entry), time.monotonic()
-            seen.add(key)
+            if environ or kernel_thread(entry):
+                seen.add(key)
         time.sleep(0.002)
     raise AssertionError(f"no process with {marker!r} within {timeout} s")
+
+
+PF_KTHREAD = 0x00200000
+
+
+def kernel_thread(pid: str) -> bool:
+    """A kernel thread has no environment to wait for (`flags` of /proc/<pid>/stat)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return bool(int(fields[6]) & PF_KTHREAD)
 
 
 def running(pid: int) -> bool:
