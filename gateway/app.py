@@ -369,6 +369,8 @@ def build_apps(
         max_upload_bytes=limits.max_upload_bytes,
         max_requests_per_client=limits.max_requests_per_client,
         client_write_timeout_s=limits.client_write_timeout_s,
+        unread=limits.unread(),
+        answer_deadline_s=limits.answer_deadline_s,
         lean=routes,
         head_check=routes.head,
         app=public_app(holder),

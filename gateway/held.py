@@ -27,7 +27,13 @@ Each way a client could make the gateway keep many of them has its bound, set on
   carry a kernel write timeout (`--client-write-timeout`, TCP_USER_TIMEOUT): a
   client that reads nothing for that long has its connection aborted, and the
   answer it held is freed (a stream being relayed to it then stops, and its
-  replica's request is closed)."""
+  replica's request is closed);
+- answers a client reads slowly: what each client has not taken is measured from
+  the kernel (`gateway.transport.unread_answers`): a stream waits while its client
+  owes `--max-unread-bytes-per-connection` (its replica's answer waits with it), and
+  is aborted after `--unread-stall` without room; past `--max-unread-bytes` over
+  all clients the largest debtors' connections are aborted; a request is ended
+  `--answer-deadline` after it arrived."""
 
 from __future__ import annotations
 
@@ -38,7 +44,17 @@ from dataclasses import dataclass
 from prometheus_client import Gauge
 
 from gateway.errors import GatewayError
-from gateway.transport.front import DEFAULT_MAX_REQUESTS_PER_CLIENT, DEFAULT_MAX_UPLOAD_BYTES
+from gateway.transport.front import (
+    DEFAULT_ANSWER_DEADLINE_S,
+    DEFAULT_MAX_REQUESTS_PER_CLIENT,
+    DEFAULT_MAX_UPLOAD_BYTES,
+)
+from gateway.transport.unread_answers import (
+    DEFAULT_PER_CONNECTION_BYTES,
+    DEFAULT_STALL_S,
+    DEFAULT_TOTAL_BYTES,
+    UnreadLimits,
+)
 
 DEFAULT_MAX_HELD_BYTES = 256 * 1024 * 1024
 DEFAULT_MAX_WAITING_REQUESTS = 1024
@@ -57,6 +73,18 @@ class GatewayLimits:
     max_requests_per_client: int = DEFAULT_MAX_REQUESTS_PER_CLIENT  # 0: no cap
     client_write_timeout_s: float = DEFAULT_CLIENT_WRITE_TIMEOUT_S  # 0: the kernel's
     namespace_share: float = DEFAULT_NAMESPACE_SHARE  # 1: no per-namespace share
+    # what clients have not taken of their answers (gateway.transport.unread_answers)
+    max_unread_bytes_per_connection: int = DEFAULT_PER_CONNECTION_BYTES
+    max_unread_bytes: int = DEFAULT_TOTAL_BYTES
+    unread_stall_s: float = DEFAULT_STALL_S
+    answer_deadline_s: float = DEFAULT_ANSWER_DEADLINE_S  # 0: none
+
+    def unread(self) -> UnreadLimits:
+        return UnreadLimits(
+            per_connection=self.max_unread_bytes_per_connection,
+            total=self.max_unread_bytes,
+            stall_s=self.unread_stall_s,
+        )
 
 
 DEFAULT_LIMITS = GatewayLimits()

@@ -85,6 +85,10 @@ def _gateway(args: argparse.Namespace) -> int:
             max_waiting_requests=args.max_waiting_requests,
             max_requests_per_client=args.max_requests_per_client,
             client_write_timeout_s=args.client_write_timeout,
+            max_unread_bytes_per_connection=args.max_unread_bytes_per_connection,
+            max_unread_bytes=args.max_unread_bytes,
+            unread_stall_s=args.unread_stall,
+            answer_deadline_s=args.answer_deadline,
             **({} if args.namespace_share is None else {"namespace_share": args.namespace_share}),
         ),
         keda_scaler_host=args.host,
@@ -242,6 +246,33 @@ def build_parser() -> argparse.ArgumentParser:
         default=30.0,
         help="seconds a client may leave the gateway's answer unread before its connection "
         "is aborted (TCP_USER_TIMEOUT; 0: the kernel's default)",
+    )
+    gateway.add_argument(
+        "--max-unread-bytes-per-connection",
+        type=_byte_quantity,
+        default=4 << 20,
+        help="bytes of answers one client may have not yet taken: a stream past it waits "
+        "for the client (a quantity, default 4Mi)",
+    )
+    gateway.add_argument(
+        "--max-unread-bytes",
+        type=_byte_quantity,
+        default=256 << 20,
+        help="bytes of answers all clients have not yet taken: past it the connections "
+        "owing most are aborted (a quantity, default 256Mi)",
+    )
+    gateway.add_argument(
+        "--unread-stall",
+        type=float,
+        default=60.0,
+        help="seconds a stream may wait for its client to take its answer before the "
+        "connection is aborted",
+    )
+    gateway.add_argument(
+        "--answer-deadline",
+        type=float,
+        default=3600.0,
+        help="seconds a request may take from its head to its answer's last byte (0: no deadline)",
     )
     gateway.add_argument(
         "--keda-scaler-port",

@@ -24,6 +24,11 @@ know about this app:
   a chunked body as it arrives; 429 past it). Both are answered before the body is
   read, which is then drained as after a 413. The client's address is the peer's:
   behind a proxy or load balancer that does not keep it, every client shares one;
+- what a client has not taken of its answers (`unread_answers`): a streamed answer
+  waits for a slow reader (back-pressure to its replica), a connection that took no
+  room for `stall_s` is aborted, and past the gateway-wide total the largest
+  debtors' connections are aborted; a request still running `answer_deadline_s`
+  after it arrived is ended;
 - a client that leaves cancels its request. granian reports a disconnect through a
   per-request future that costs about as much as the rest of a proxied request, so
   it is armed only for requests still running after `WATCH_AFTER_S` (a long
@@ -54,6 +59,7 @@ from gateway.transport.exchange import (
     Request,
 )
 from gateway.transport.framing import BodyRefused, head_refusal, read_chunked
+from gateway.transport.unread_answers import AnswerDebt, UnreadAnswers, UnreadLimits, answer_debt
 
 log = logging.getLogger("kama.gateway")
 
@@ -65,6 +71,8 @@ DRAIN_S = 2.0
 CLOSE = ("connection", "close")
 WATCH_AFTER_S = 0.2  # a request running this long is cancelled when its client leaves
 SWEEP_S = 0.1
+DEBTS_EVERY = 5  # sweeps between two looks at what clients have not taken
+DEFAULT_ANSWER_DEADLINE_S = 3600.0  # a request's whole life, from its head to its last byte
 DEFAULT_MAX_UPLOAD_BYTES = 256 * 1024 * 1024  # bodies arriving at once, over all clients
 DEFAULT_MAX_REQUESTS_PER_CLIENT = 256  # requests in progress from one address; 0: no cap
 RETRY_AFTER_BUSY_S = 1
@@ -88,15 +96,27 @@ class RSGIReply:
         "_proto",
         "_stream",
         "client_gone",
+        "debt",
         "disconnect",
+        "overdue",
         "read_deadline",
+        "scope",
         "started",
         "status",
         "task",
         "timed_out",
+        "unread",
     )
 
-    def __init__(self, proto: HTTPProtocol, task: asyncio.Task[Any] | None, now: float) -> None:
+    def __init__(
+        self,
+        proto: HTTPProtocol,
+        task: asyncio.Task[Any] | None,
+        now: float,
+        *,
+        scope: Scope | None = None,
+        unread: UnreadAnswers | None = None,
+    ) -> None:
         self._proto = proto
         self._stream: Any = None
         self.task = task
@@ -104,11 +124,17 @@ class RSGIReply:
         self.status = 0
         self.client_gone = False
         self.timed_out = False
+        self.overdue = False  # ended by the answer deadline
         self.read_deadline: float | None = None  # while the body is being read
         self.disconnect: Any = None  # granian's disconnect future, once armed
+        self.scope = scope  # its connection's addresses, for `unread`
+        self.unread = unread
+        self.debt: AnswerDebt | None = None  # what its client has not taken, once answered
 
     def send(self, status: int, headers: Headers, body: bytes) -> None:
         self.status = status
+        if self.unread is not None:
+            self.unread.handing(self._debt(), len(body))
         self._proto.response_bytes(status, headers, body)
 
     def start(self, status: int, headers: Headers) -> None:
@@ -116,11 +142,32 @@ class RSGIReply:
         self._stream = self._proto.response_stream(status, headers)
 
     async def write(self, chunk: bytes) -> None:
+        unread = self.unread
+        if unread is not None:
+            debt = self._debt()
+            await unread.room(debt, len(chunk))
+            unread.handing(debt, len(chunk))
         try:
             await self._stream.send_bytes(chunk)
         except ProtocolClosed:
             self.client_gone = True
             raise ConnectionResetError("the client disconnected") from None
+
+    def _debt(self) -> AnswerDebt:
+        if self.debt is None:
+            scope = self.scope
+            self.debt = answer_debt(
+                local=scope.server if scope is not None else "",
+                peer=scope.client if scope is not None else "",
+                on_abort=self.shed,
+            )
+        return self.debt
+
+    def shed(self) -> None:
+        """End the request: its client takes its answer too slowly, or too long."""
+        self.client_gone = True
+        if self.task is not None:
+            self.task.cancel()
 
     def watch_disconnect(self) -> None:
         self.disconnect = self._proto.client_disconnect()
@@ -143,8 +190,11 @@ class RSGIReply:
         dropped (the reply itself may outlive this, held by a traceback), and an
         unfired disconnect watch would outlive the request."""
         self._stream = None
+        self.task = None
         if self.disconnect is not None:
             self.disconnect.cancel()
+        if self.unread is not None and self.debt is not None:
+            self.unread.settle(self.debt)
 
 
 class PublicFront:
@@ -161,6 +211,8 @@ class PublicFront:
         max_requests_per_client: int = DEFAULT_MAX_REQUESTS_PER_CLIENT,
         client_write_timeout_s: float = 0.0,  # applied by the server to its sockets
         head_check: HeadCheck | None = None,
+        unread: UnreadLimits | None = None,  # None: answers are not measured
+        answer_deadline_s: float = DEFAULT_ANSWER_DEADLINE_S,  # 0: none
     ) -> None:
         self.lean = lean
         self.app = app
@@ -170,6 +222,9 @@ class PublicFront:
         self.max_requests_per_client = max_requests_per_client
         self.client_write_timeout_s = client_write_timeout_s
         self.head_check = head_check
+        self.unread = None if unread is None else UnreadAnswers(limits=unread)
+        self.answer_deadline_s = answer_deadline_s
+        self.sweeps = 0
         self.uploading = 0  # bytes of bodies being received, over all requests
         self.draining_refused = 0  # refused requests whose bodies are being dropped
         self.per_client: dict[str, int] = {}  # requests in progress per client address
@@ -191,13 +246,21 @@ class PublicFront:
     def sweep(self) -> None:
         assert self._loop is not None
         self.clock = now = self._loop.time()
+        self.sweeps += 1
         try:
-            for reply in self.replies:
+            ended = self.answer_deadline_s and now - self.answer_deadline_s
+            for reply in list(self.replies):
                 if reply.disconnect is None and now - reply.started >= WATCH_AFTER_S:
                     reply.watch_disconnect()
                 deadline = reply.read_deadline
                 if deadline is not None and now > deadline and not reply.timed_out:
                     reply.time_out()
+                elif ended and reply.started < ended and not reply.client_gone:
+                    log.warning("ended a request past its %gs deadline", self.answer_deadline_s)
+                    reply.overdue = True
+                    reply.shed()
+            if self.unread is not None and self.sweeps % DEBTS_EVERY == 0:
+                self.unread.sweep()
         except Exception:
             log.exception("sweeping requests in flight failed")
         finally:
@@ -207,7 +270,9 @@ class PublicFront:
         if scope.proto != "http":  # a websocket upgrade: nothing here speaks it
             proto.close(404)
             return
-        reply = RSGIReply(proto, asyncio.current_task(), self.clock)
+        reply = RSGIReply(
+            proto, asyncio.current_task(), self.clock, scope=scope, unread=self.unread
+        )
         self.replies.add(reply)
         client = _address(scope.client)
         busy = self.per_client.get(client, 0)
@@ -243,6 +308,9 @@ class PublicFront:
             task = reply.task
             if task is not None:
                 task.uncancel()  # the client left: what it waited for is undone already
+            if reply.overdue and not reply.status:
+                message = f"the request took longer than {self.answer_deadline_s:g}s"
+                self._refuse(reply, 504, message, close=True)
         except Exception:
             log.exception("answering %s %s failed", scope.method, scope.path)
             if not reply.status:
