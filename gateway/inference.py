@@ -38,6 +38,10 @@ from gateway.transport.exchange import Handler, HeaderLookup, HeadVerdict, Reply
 
 MODEL_HEADER = "x-kama-model"
 CLIENT_CLOSED = "499"  # the client left before an answer started (nginx's code)
+# an answer listing tokens (`/tokenize` with pieces) is about 12 times its input: the
+# input of these routes is capped so that their answers stay near 12 MiB
+TOKEN_LIST_ROUTES = frozenset({"tokenize", "detokenize"})
+MAX_TOKEN_LIST_BODY_BYTES = 1 << 20
 
 
 def parse_object(body: bytes) -> dict[str, Any]:
@@ -127,6 +131,12 @@ async def serve_inference(
             caller = access.authenticate(request.headers)
             access.admit(caller)
         require_json(request)
+        if route.route in TOKEN_LIST_ROUTES and len(request.body) > MAX_TOKEN_LIST_BODY_BYTES:
+            raise GatewayError(
+                413,
+                f"a {route.route} request body may have at most {MAX_TOKEN_LIST_BODY_BYTES} "
+                "bytes (its answer lists every token)",
+            )
         if caller is not None:
             reply = metered = MeteredReply(reply)
         fields = parse_object(request.body)

@@ -4,8 +4,9 @@ answers end.
 
 A generating route may use its named maximum (`max_tokens`, `max_completion_tokens`,
 `max_output_tokens`, llama-server's `n_predict`) plus its prompt; a route that only
-reads its input (embeddings, rerank) its prompt; the routes that generate nothing
-(tokenize, detokenize, apply-template, count_tokens) none. The prompt is estimated
+reads its input (embeddings, rerank, and those that only turn it into tokens or
+text: tokenize, detokenize, apply-template, count_tokens) its prompt, which an
+answer stating no count is charged (the replica did that work). The prompt is estimated
 from the body, `BYTES_PER_TOKEN` bytes a token (the answer's own count settles it),
 and nothing may use more than one slot's context (`spec.runtime.contextSize`) where
 the deployment names it. A generating request that names no maximum may use its whole
@@ -18,8 +19,9 @@ from collections.abc import Mapping
 
 BYTES_PER_TOKEN = 4
 MAXIMUM_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n_predict")
-FREE_ROUTES = frozenset({"tokenize", "detokenize", "apply-template", "count_tokens"})
-PROMPT_ONLY_ROUTES = frozenset({"embeddings", "rerank"})
+PROMPT_ONLY_ROUTES = frozenset(
+    {"embeddings", "rerank", "tokenize", "detokenize", "apply-template", "count_tokens"}
+)
 
 
 def tokens_to_reserve(
@@ -27,8 +29,6 @@ def tokens_to_reserve(
 ) -> int | None:
     """The tokens a request on `route` (the metrics label) may use; None: unbounded
     as far as the gateway knows."""
-    if route in FREE_ROUTES:
-        return 0
     prompt = body_bytes // BYTES_PER_TOKEN + 1
     if route in PROMPT_ONLY_ROUTES:
         return prompt if context is None else min(prompt, context)

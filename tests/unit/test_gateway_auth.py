@@ -626,7 +626,8 @@ def test_what_a_request_may_use_is_bounded_before_it_is_forwarded() -> None:
     native = {"n_predict": -1}  # llama-server's "no limit"
     assert tokens_to_reserve(route="completion", fields=native, body_bytes=8, context=512) == 512
     assert tokens_to_reserve(route="embeddings", fields={}, body_bytes=400, context=None) == 101
-    assert tokens_to_reserve(route="tokenize", fields={}, body_bytes=400, context=None) == 0
+    # tokenizing costs its replica the prompt's work: charged as much
+    assert tokens_to_reserve(route="tokenize", fields={}, body_bytes=400, context=None) == 101
 
 
 async def test_unauthenticated_mode_is_open(monkeypatch: pytest.MonkeyPatch) -> None:

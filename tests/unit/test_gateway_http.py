@@ -270,6 +270,23 @@ async def test_an_answer_is_relayed_with_its_headers_and_counted() -> None:
     assert f'kama_gateway_requests_total{{code="200",model="{MODEL}",route="tokenize"}} 1.0' in text
 
 
+async def test_a_tokenize_input_is_capped_so_its_answer_stays_bounded() -> None:
+    """A token list answers about 12 times its input: more than 1 MiB of input is
+    refused before it reaches a replica, and 1 MiB still passes."""
+    async with running_gateway() as gw, httpx.AsyncClient(timeout=30) as http:
+        for route in ("tokenize", "detokenize"):
+            big = await http.post(
+                f"{gw.url}/models/ns/chat/{route}", json={"content": "x" * (1 << 20)}
+            )
+            assert big.status_code == 413, big.text
+            assert route in big.json()["error"]["message"]
+        assert gw.replica.requests == []
+        fits = await http.post(
+            f"{gw.url}/models/ns/chat/tokenize", json={"content": "x" * ((1 << 20) - 64)}
+        )
+        assert fits.status_code == 200
+
+
 async def test_a_stream_is_relayed_as_it_arrives() -> None:
     async with (
         running_gateway() as gw,
