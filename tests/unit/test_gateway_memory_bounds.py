@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -63,18 +63,21 @@ class Replica:
                         length = int(line.split(b":")[1])
                 while length:  # read and drop, without holding the whole body
                     length -= len(await reader.read(min(length, 1 << 20)))
-                await self.hold.wait()
-                self.served += 1
-                body = b'{"text":"' + b"a" * max(0, self.answer_bytes - 11) + b'"}'
-                writer.write(
-                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                    b"content-length: %d\r\n\r\n%s" % (len(body), body)
-                )
-                await writer.drain()
+                await self.answer(writer)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
             writer.close()
+
+    async def answer(self, writer: asyncio.StreamWriter) -> None:
+        await self.hold.wait()
+        self.served += 1
+        body = b'{"text":"' + b"a" * max(0, self.answer_bytes - 11) + b'"}'
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        await writer.drain()
 
     async def listen(self, port: int) -> None:
         self.server = await asyncio.start_server(self.handle, "127.0.0.1", port)
@@ -334,6 +337,41 @@ def rss_bytes(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
+@dataclass
+class GatewayProcess:
+    process: asyncio.subprocess.Process
+    port: int
+    ops_port: int
+
+
+@asynccontextmanager
+async def gateway_process(
+    *, replica_port: int, limits: Mapping[str, object]
+) -> AsyncIterator[GatewayProcess]:
+    """`tests.unit.memory_gateway` in its own process (its memory measured apart from
+    the clients'), once it serves; stopped with SIGTERM."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.unit.memory_gateway",
+        str(replica_port),
+        json.dumps(limits),
+        stdout=subprocess.PIPE,
+        cwd=os.getcwd(),
+    )
+    assert process.stdout is not None
+    try:
+        line = await asyncio.wait_for(process.stdout.readline(), 30)
+        _, port, ops_port = line.decode().split()
+        yield GatewayProcess(process, int(port), int(ops_port))
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), 10)
+        except TimeoutError:
+            process.kill()
+
+
 CLIENTS = 100
 BODY_BYTES = 8 * MiB - 1024
 RSS_BOUND = 256 * MiB
@@ -373,30 +411,23 @@ async def test_clients_that_never_read_cannot_grow_the_gateway_past_its_bound() 
     replica, replica_port = Replica(answer_bytes=ANSWER_BYTES), free_port()
     replica.hold.set()
     await replica.listen(replica_port)
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "tests.unit.memory_gateway",
-        str(replica_port),
-        json.dumps(limits),
-        stdout=subprocess.PIPE,
-        cwd=os.getcwd(),
-    )
-    assert process.stdout is not None
     sockets: list[socket.socket] = []
     try:
-        line = await asyncio.wait_for(process.stdout.readline(), 30)
-        _, port, ops_port = line.decode().split()
-        url, ops = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{ops_port}"
-        async with httpx.AsyncClient(timeout=30) as http:
+        async with (
+            gateway_process(replica_port=replica_port, limits=limits) as gateway,
+            httpx.AsyncClient(timeout=30) as http,
+        ):
+            url = f"http://127.0.0.1:{gateway.port}"
+            ops = f"http://127.0.0.1:{gateway.ops_port}"
             warm = await http.post(f"{url}/v1/completions", json=completion(prompt="a" * MiB))
             assert warm.status_code == 200
             await asyncio.sleep(0.5)
-            idle = rss_bytes(process.pid)
+            pid = gateway.process.pid
+            idle = rss_bytes(pid)
             body = json.dumps(completion(prompt="p" * (BODY_BYTES - 64))).encode()
             threads = [
                 threading.Thread(
-                    target=never_reading_client, args=(n, int(port), body, sockets), daemon=True
+                    target=never_reading_client, args=(n, gateway.port, body, sockets), daemon=True
                 )
                 for n in range(CLIENTS)
             ]
@@ -405,7 +436,7 @@ async def test_clients_that_never_read_cannot_grow_the_gateway_past_its_bound() 
                 thread.start()
             peak, unready = idle, 0
             while any(t.is_alive() for t in threads) or time.monotonic() - started < 4:
-                peak = max(peak, rss_bytes(process.pid))
+                peak = max(peak, rss_bytes(pid))
                 if (await http.get(f"{ops}/readyz", timeout=5)).status_code != 200:
                     unready += 1
                 await asyncio.sleep(0.05)
@@ -422,9 +453,4 @@ async def test_clients_that_never_read_cannot_grow_the_gateway_past_its_bound() 
     finally:
         for sock in sockets:
             sock.close()
-        process.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(process.wait(), 10)
-        except TimeoutError:
-            process.kill()
         replica.close()

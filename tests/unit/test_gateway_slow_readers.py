@@ -10,11 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,8 +21,10 @@ import pytest
 from gateway.held import GatewayLimits
 from kamadev.processes import free_port
 from tests.unit.test_gateway_memory_bounds import (
+    Replica,
     completion,
     eventually,
+    gateway_process,
     rss_bytes,
     running_gateway,
 )
@@ -38,50 +36,29 @@ PIECE = 256 * 1024
 
 
 @dataclass
-class StreamingReplica:
-    """A fake llama-server whose completion is a JSON document of `answer_bytes`,
-    declared by its content-length and written in pieces of `PIECE`, each once the
-    previous one left its socket's buffer; `written` counts what it could write."""
+class StreamingReplica(Replica):
+    """The memory tests' fake llama-server, whose completion is a JSON document of
+    `answer_bytes`, declared by its content-length and written in pieces of `PIECE`,
+    each once the previous one left its socket's buffer; `written` counts what it
+    could write, per answer."""
 
-    answer_bytes: int
-    written: list[int] = field(default_factory=list)  # per answer, in order
-    server: asyncio.Server | None = None
+    written: list[int] = field(default_factory=list)
 
     def body(self) -> bytes:
         return b'{"text":"' + bytes(range(97, 123)) * ((self.answer_bytes - 11) // 26) + b'"}'
 
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                if head.startswith(b"GET /health "):
-                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-                    continue
-                for line in head.split(b"\r\n"):
-                    if line.lower().startswith(b"content-length:"):
-                        await reader.readexactly(int(line.split(b":")[1]))
-                body = self.body()
-                writer.write(
-                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                    b"content-length: %d\r\n\r\n" % len(body)
-                )
-                number = len(self.written)
-                self.written.append(0)
-                for start in range(0, len(body), PIECE):
-                    writer.write(body[start : start + PIECE])
-                    await writer.drain()
-                    self.written[number] += len(body[start : start + PIECE])
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    async def listen(self, port: int) -> None:
-        self.server = await asyncio.start_server(self.handle, "127.0.0.1", port)
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
+    async def answer(self, writer: asyncio.StreamWriter) -> None:
+        body = self.body()
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n" % len(body)
+        )
+        number = len(self.written)
+        self.written.append(0)
+        for start in range(0, len(body), PIECE):
+            writer.write(body[start : start + PIECE])
+            await writer.drain()
+            self.written[number] += len(body[start : start + PIECE])
 
 
 def request_bytes(**extra: object) -> bytes:
@@ -121,53 +98,38 @@ async def test_slow_readers_of_large_answers_leave_the_gateway_flat() -> None:
     replica, replica_port = StreamingReplica(answer_bytes=answer), free_port()
     await replica.listen(replica_port)
     limits = {"client_write_timeout_s": 0.0, "slots": readers}
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "tests.unit.memory_gateway",
-        str(replica_port),
-        json.dumps(limits),
-        stdout=subprocess.PIPE,
-        cwd=os.getcwd(),
-    )
-    assert process.stdout is not None
     try:
-        _, port, _ = (await asyncio.wait_for(process.stdout.readline(), 30)).decode().split()
-        await asyncio.sleep(0.5)
-        idle = rss_bytes(process.pid)
-        got = [0] * readers
-        threads = [
-            threading.Thread(
-                target=slow_client,
-                args=(int(port),),
-                kwargs={"rate": 160 * 1024, "seconds": 6.0, "got": got, "number": n},
-                daemon=True,
+        async with gateway_process(replica_port=replica_port, limits=limits) as gateway:
+            await asyncio.sleep(0.5)
+            idle = rss_bytes(gateway.process.pid)
+            got = [0] * readers
+            threads = [
+                threading.Thread(
+                    target=slow_client,
+                    args=(gateway.port,),
+                    kwargs={"rate": 160 * 1024, "seconds": 6.0, "got": got, "number": n},
+                    daemon=True,
+                )
+                for n in range(readers)
+            ]
+            for thread in threads:
+                thread.start()
+            peak = idle
+            while any(t.is_alive() for t in threads):
+                peak = max(peak, rss_bytes(gateway.process.pid))
+                await asyncio.sleep(0.05)
+            written = sum(replica.written)
+            print(
+                f"idle RSS {idle / MiB:.0f} MiB, peak {peak / MiB:.0f} MiB; replicas wrote "
+                f"{written / MiB:.0f} MiB, clients read {sum(got) / MiB:.1f} MiB"
             )
-            for n in range(readers)
-        ]
-        for thread in threads:
-            thread.start()
-        peak = idle
-        while any(t.is_alive() for t in threads):
-            peak = max(peak, rss_bytes(process.pid))
-            await asyncio.sleep(0.05)
-        written = sum(replica.written)
-        print(
-            f"idle RSS {idle / MiB:.0f} MiB, peak {peak / MiB:.0f} MiB; replicas wrote "
-            f"{written / MiB:.0f} MiB, clients read {sum(got) / MiB:.1f} MiB"
-        )
-        assert len(replica.written) == readers
-        assert all(g > 0 for g in got)  # every slow reader was served as it read
-        # each stream ran ahead of its reader by its 4 MiB budget and the sockets'
-        # buffers, not by its whole answer
-        assert written < readers * 16 * MiB, f"the replicas wrote {written / MiB:.0f} MiB"
-        assert peak - idle < 96 * MiB, f"grew by {(peak - idle) / MiB:.0f} MiB"
+            assert len(replica.written) == readers
+            assert all(g > 0 for g in got)  # every slow reader was served as it read
+            # each stream ran ahead of its reader by its 4 MiB budget and the sockets'
+            # buffers, not by its whole answer
+            assert written < readers * 16 * MiB, f"the replicas wrote {written / MiB:.0f} MiB"
+            assert peak - idle < 96 * MiB, f"grew by {(peak - idle) / MiB:.0f} MiB"
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(process.wait(), 10)
-        except TimeoutError:
-            process.kill()
         replica.close()
 
 
