@@ -59,7 +59,13 @@ from gateway.transport.exchange import (
     Request,
 )
 from gateway.transport.framing import BodyRefused, head_refusal, read_chunked
-from gateway.transport.unread_answers import AnswerDebt, UnreadAnswers, UnreadLimits, answer_debt
+from gateway.transport.unread_answers import (
+    AnswerAborted,
+    AnswerDebt,
+    UnreadAnswers,
+    UnreadLimits,
+    answer_debt,
+)
 
 log = logging.getLogger("kama.gateway")
 
@@ -145,7 +151,11 @@ class RSGIReply:
         unread = self.unread
         if unread is not None:
             debt = self._debt()
-            await unread.room(debt, len(chunk))
+            try:
+                await unread.room(debt, len(chunk))
+            except AnswerAborted:
+                self.client_gone = True  # its connection aborted: the request ends quietly
+                raise
             unread.handing(debt, len(chunk))
         try:
             await self._stream.send_bytes(chunk)
@@ -159,12 +169,12 @@ class RSGIReply:
             self.debt = answer_debt(
                 local=scope.server if scope is not None else "",
                 peer=scope.client if scope is not None else "",
-                on_abort=self.shed,
+                on_abort=self.end,
             )
         return self.debt
 
-    def shed(self) -> None:
-        """End the request: its client takes its answer too slowly, or too long."""
+    def end(self) -> None:
+        """End the request: its client left, takes its answer too slowly, or too long."""
         self.client_gone = True
         if self.task is not None:
             self.task.cancel()
@@ -176,9 +186,7 @@ class RSGIReply:
     def _left(self, future: Any) -> None:
         if future.cancelled():
             return  # the request ended first
-        self.client_gone = True
-        if self.task is not None:
-            self.task.cancel()
+        self.end()
 
     def time_out(self) -> None:
         self.timed_out = True
@@ -248,17 +256,22 @@ class PublicFront:
         self.clock = now = self._loop.time()
         self.sweeps += 1
         try:
-            ended = self.answer_deadline_s and now - self.answer_deadline_s
-            for reply in list(self.replies):
+            # requests that arrived before this are past the answer deadline
+            overdue_before = now - self.answer_deadline_s if self.answer_deadline_s else None
+            for reply in self.replies:
                 if reply.disconnect is None and now - reply.started >= WATCH_AFTER_S:
                     reply.watch_disconnect()
                 deadline = reply.read_deadline
                 if deadline is not None and now > deadline and not reply.timed_out:
                     reply.time_out()
-                elif ended and reply.started < ended and not reply.client_gone:
+                elif (
+                    overdue_before is not None
+                    and reply.started < overdue_before
+                    and not reply.client_gone
+                ):
                     log.warning("ended a request past its %gs deadline", self.answer_deadline_s)
                     reply.overdue = True
-                    reply.shed()
+                    reply.end()
             if self.unread is not None and self.sweeps % DEBTS_EVERY == 0:
                 self.unread.sweep()
         except Exception:

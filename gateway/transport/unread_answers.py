@@ -127,9 +127,7 @@ class UnreadAnswers:
 
     def settle(self, debt: AnswerDebt) -> None:
         """The answer's request is over; its debt counts until its client took it."""
-        debt.done = True
-        if debt.acked_base is None:
-            self.measured.discard(debt)
+        debt.done = True  # only measured debts are kept, and `sweep` forgets them once paid
 
     def sweep(self) -> None:
         """Look at every measured debt, forget those paid whose request is over, and

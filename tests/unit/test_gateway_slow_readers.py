@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import threading
 import time
@@ -213,3 +214,40 @@ async def test_a_request_past_the_answer_deadline_is_ended_with_504() -> None:
         assert answer.status_code == 504, answer.text
         assert "longer than 1s" in answer.json()["error"]["message"]
         gw.replica.hold.set()
+
+
+async def test_a_stream_whose_client_takes_nothing_is_aborted_after_the_stall(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """No room for `--unread-stall`: the connection is aborted (the answer ends short)
+    and the request ends as a client gone, not as a failure of the gateway."""
+    limits = GatewayLimits(
+        client_write_timeout_s=0.0,
+        max_unread_bytes_per_connection=1 * MiB,
+        unread_stall_s=0.5,
+    )
+    async with running_gateway(limits=limits) as gw:
+        gw.replica.close()
+        replica = StreamingReplica(answer_bytes=32 * MiB)
+        await replica.listen(gw.replica_port)
+        host, port = gw.url.removeprefix("http://").split(":")
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect((host, int(port)))
+        sock.sendall(request_bytes())
+        unread = gw.front.unread
+        assert unread is not None
+        await eventually(lambda: unread.aborted == 1, "the stalled connection aborted")
+        await eventually(lambda: not gw.front.replies, "the request over")
+        sock.settimeout(5)
+        received = 0
+        try:
+            while data := sock.recv(1 << 20):
+                received += len(data)
+        except OSError:
+            pass
+        sock.close()
+        replica.close()
+    assert received < 32 * MiB
+    failed = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert failed == []  # neither the front's "answering ... failed" nor granian's
