@@ -1,6 +1,8 @@
 """Kama's own resources (ModelArtifact, ModelCache, ModelDeployment) as the workflows
 write them: status merge patches, Events about them, the release of Kama's finalizer,
-and which of them still use an artifact or a cache. Every call is idempotent: an
+which of them still use an artifact or a cache, and each one as the API server has it
+now (what an entity workflow acts on: the snapshot a `spec changed` signal carries is
+only a hint, since anyone with a Temporal client can send one). Every call is idempotent: an
 object already gone is as good as written, and the finalizer is released only from
 the object with the workflow's uid, as it was read (a JSON patch that tests the
 resourceVersion)."""
@@ -18,10 +20,12 @@ from temporalio.exceptions import ApplicationError
 
 from activities.kube_clients import KubeClients
 from activities.kube_errors import Invalid, KubeTarget, NotFound, kube_call
+from activities.provenance import check_served
 from kama.api import FINALIZER, GROUP, VERSION
-from kama.contracts import ARTIFACTS, DEPLOYMENTS, ObjectRef
+from kama.contracts import ARTIFACTS, DEPLOYMENTS, LiveObject, ObjectRef
 from kama.kube_events import event_manifest
 from kama.reasons import Failure
+from kama.tenancy import TenancyPolicy
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,43 @@ class FinalizerRequest:
     ref: ObjectRef
 
 
+@dataclass(frozen=True)
+class ObjectRead:
+    plural: str
+    ref: ObjectRef
+
+
 class KamaObjectActivities(KubeClients):
+    tenancy: TenancyPolicy = TenancyPolicy()  # set by the class that holds the settings
+
+    def _object(self, *, plural: str, ref: ObjectRef) -> dict[str, Any] | None:
+        """The object `ref` names with `ref.uid`, read now; None when there is none."""
+        target = KubeTarget(resource=plural, namespace=ref.namespace, name=ref.name)
+        try:
+            with kube_call(verb="get", target=target):
+                found: dict[str, Any] = self.custom.get_namespaced_custom_object(
+                    GROUP, VERSION, ref.namespace, plural, ref.name
+                )
+        except NotFound:
+            return None
+        return found if (found.get("metadata") or {}).get("uid") == ref.uid else None
+
+    @activity.defn(name="Read Kama object")
+    def read_object(self, request: ObjectRead) -> LiveObject:
+        """The object `request.ref` names, as the API server has it now: its
+        generation, spec and whether it is being deleted, or `gone` when no object
+        with that name has that uid any more."""
+        check_served(self.tenancy, request.ref.namespace)
+        found = self._object(plural=request.plural, ref=request.ref)
+        if found is None:
+            return LiveObject(gone=True)
+        metadata = found["metadata"]
+        return LiveObject(
+            generation=int(metadata.get("generation") or 0),
+            spec=found.get("spec") or {},
+            deleting=metadata.get("deletionTimestamp") is not None,
+        )
+
     @activity.defn(name="Write status")
     def patch_status(self, patch: StatusPatch) -> None:
         target = KubeTarget(
@@ -116,14 +156,8 @@ class KamaObjectActivities(KubeClients):
     def release_finalizer(self, request: FinalizerRequest) -> None:
         ref = request.ref
         target = KubeTarget(resource=request.plural, namespace=ref.namespace, name=ref.name)
-        try:
-            with kube_call(verb="get", target=target):
-                obj = self.custom.get_namespaced_custom_object(
-                    GROUP, VERSION, ref.namespace, request.plural, ref.name
-                )
-        except NotFound:
-            return
-        if obj["metadata"]["uid"] != ref.uid:
+        obj = self._object(plural=request.plural, ref=ref)
+        if obj is None:
             return
         finalizers = obj["metadata"].get("finalizers") or []
         if FINALIZER not in finalizers:

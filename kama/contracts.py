@@ -12,7 +12,7 @@ workflows (the gateway) signals, queries and starts them by these names."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
@@ -86,6 +86,24 @@ class EntitySnapshot:
         """Whether a workflow holding `current` should take this snapshot (watch events
         can arrive out of order; a deletion always wins)."""
         return current is None or self.generation >= current.generation or self.deleting
+
+
+@dataclass(frozen=True)
+class LiveObject:
+    """A Kama resource as the API server has it now (what `Read Kama object` answers):
+    an entity workflow takes its spec from here, never from a signal's snapshot alone.
+    `gone`: no object with the snapshot's name has its uid any more."""
+
+    generation: int = 0
+    spec: dict[str, Any] = field(default_factory=dict)
+    deleting: bool = False
+    gone: bool = False
+
+    def confirm(self, snapshot: EntitySnapshot) -> EntitySnapshot:
+        """`snapshot` with what the API server says in place of what it claimed."""
+        if self.gone:
+            return replace(snapshot, deleting=True)
+        return replace(snapshot, generation=self.generation, spec=self.spec, deleting=self.deleting)
 
 
 @dataclass

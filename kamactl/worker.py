@@ -44,6 +44,7 @@ async def run_worker(settings: Settings) -> None:
     from workflows.cache import CacheWorkflow
     from workflows.deployment import DeploymentWorkflow
     from workflows.drain import DrainWorkflow
+    from workflows.entity_identity import StartedByKama
     from workflows.import_model import ImportWorkflow
     from workflows.import_watch import ImportWatchWorkflow
     from workflows.rollout import RolloutWorkflow
@@ -93,7 +94,7 @@ async def run_worker(settings: Settings) -> None:
             client,
             task_queue=settings.control_task_queue,
             max_concurrent_activities=CONTROL_ACTIVITY_SLOTS,
-            interceptors=[provenance],
+            interceptors=[provenance, StartedByKama()],
             workflows=workflows,
             activities=activities,
             activity_executor=pool,
@@ -157,6 +158,7 @@ def control_activities(
     )
     return [
         kube.patch_status,
+        kube.read_object,
         kube.record_event,
         kube.cache_claim,
         kube.expand_cache_claim,

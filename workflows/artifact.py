@@ -64,6 +64,7 @@ with workflow.unsafe.imports_passed_through():
         EntitySnapshot,
         ObjectRef,
         WorkflowStatus,
+        artifact_workflow_id,
         cache_workflow_id,
         import_workflow_id,
         importer_task_queue,
@@ -123,6 +124,14 @@ ClaimActivity = Callable[[KubeActivities, CacheRequest], CacheClaim]
 class ArtifactWorkflow(EntityWorkflow):
     plural = ARTIFACTS
     kind = "ModelArtifact"
+
+    @staticmethod
+    def workflow_id_for(ref: ObjectRef) -> str:
+        return artifact_workflow_id(ref)
+
+    @staticmethod
+    def carries_memory(request: ArtifactInput) -> bool:
+        return bool(request.memory != ArtifactMemory())
 
     def __init__(self) -> None:
         super().__init__()

@@ -52,7 +52,9 @@ with workflow.unsafe.imports_passed_through():
         STATUS_QUERY,
         CapacityReport,
         EntitySnapshot,
+        ObjectRef,
         WorkflowStatus,
+        cache_workflow_id,
     )
     from kama.reasons import CacheReason, Failure
 
@@ -112,6 +114,14 @@ class CacheWorkflowStatus(WorkflowStatus):
 class CacheWorkflow(EntityWorkflow):
     plural = CACHES
     kind = "ModelCache"
+
+    @staticmethod
+    def workflow_id_for(ref: ObjectRef) -> str:
+        return cache_workflow_id(ref)
+
+    @staticmethod
+    def carries_memory(request: CacheInput) -> bool:
+        return bool(request.status) or request.report is not None
 
     def __init__(self) -> None:
         super().__init__()

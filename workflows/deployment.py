@@ -45,6 +45,8 @@ with workflow.unsafe.imports_passed_through():
         DemandReport,
         DeploymentWorkflowStatus,
         EntitySnapshot,
+        ObjectRef,
+        deployment_workflow_id,
     )
     from kama.deployment_status import (
         condition_events,
@@ -95,6 +97,14 @@ class DeploymentInput:
 class DeploymentWorkflow(EntityWorkflow):
     plural = DEPLOYMENTS
     kind = "ModelDeployment"
+
+    @staticmethod
+    def workflow_id_for(ref: ObjectRef) -> str:
+        return deployment_workflow_id(ref)
+
+    @staticmethod
+    def carries_memory(request: DeploymentInput) -> bool:
+        return bool(request.memory != DeploymentMemory())
 
     def __init__(self) -> None:
         super().__init__()

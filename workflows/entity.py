@@ -2,8 +2,13 @@
 shared by ArtifactWorkflow, CacheWorkflow and DeploymentWorkflow.
 
 The watcher starts it with a snapshot of the resource and signals `spec changed` with
-each newer one. The loop is the same for all three: take the newest snapshot; when it
-is being deleted, finalize and end; otherwise make one pass, then rest until
+each newer one. A snapshot is only a hint: anyone with a Temporal client can start an
+entity workflow or signal one, so before a pass acts on a snapshot it has not seen, the
+workflow reads its resource from the API server (`Read Kama object`) and takes the
+generation, spec and deletion from there (and one started under another ID than the
+watcher's for its resource, or freshly started with memory, never runs:
+`workflows.entity_identity`). The loop is the same for all three: take
+the newest snapshot, confirmed; when it is being deleted, finalize and end; otherwise make one pass, then rest until
 something asks for another (a newer snapshot, a `retry` signal, the workflow's own
 signals or timer), and continue as new once the history is long.
 
@@ -24,7 +29,7 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, ClassVar, TypeVar
 
@@ -36,9 +41,10 @@ from workflows.kube_calls import call_kube, failure_type
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
+    from activities.kama_objects import ObjectRead
     from activities.kube import EventRequest, KubeActivities, StatusPatch
     from kama.api.meta import WORKFLOW_ID_FIELD
-    from kama.contracts import RETRY, SPEC_CHANGED, EntitySnapshot, WorkflowStatus
+    from kama.contracts import RETRY, SPEC_CHANGED, EntitySnapshot, ObjectRef, WorkflowStatus
     from kama.validation_problems import describe_problems
 
 HISTORY_LIMIT = 2000
@@ -80,6 +86,7 @@ class EntityWorkflow(ABC):
 
     def __init__(self) -> None:
         self._snapshot: EntitySnapshot | None = None
+        self._confirmed: EntitySnapshot | None = None  # the last one read from the API server
         self._retry = False
         self._doing = "starting"
         self._blocked_by: str | None = None
@@ -89,6 +96,8 @@ class EntityWorkflow(ABC):
     @workflow.signal(name=SPEC_CHANGED)
     def spec_changed(self, snapshot: EntitySnapshot) -> None:
         previous = self._snapshot
+        if previous is not None and snapshot.ref != previous.ref:
+            return  # about another object: not this workflow's
         if snapshot.supersedes(previous):
             self._snapshot = snapshot
             self._took(snapshot, previous=previous)
@@ -107,13 +116,15 @@ class EntityWorkflow(ABC):
 
     async def _keep(self, first: EntitySnapshot) -> None:
         """Run the entity until its resource is deleted and finalized."""
-        if self._snapshot is None or self._snapshot.generation < first.generation:
+        current = self._snapshot
+        if current is None or current.ref != first.ref or current.generation < first.generation:
             self._snapshot = first
         while True:
             snap = self._snapshot
             assert snap is not None
             retry, self._retry = self._retry, False
             try:
+                snap = await self._confirm(first.ref)
                 if snap.deleting:
                     await self._finalize(snap)
                     return
@@ -134,6 +145,47 @@ class EntityWorkflow(ABC):
                 self._rested()
             if workflow.info().get_current_history_length() > HISTORY_LIMIT:
                 workflow.continue_as_new(self._carried_over())
+
+    async def _confirm(self, ref: ObjectRef) -> EntitySnapshot:
+        """The newest snapshot, its generation, spec and deletion as the API server has
+        them for `ref` (the workflow's own resource, whatever a signal named); read
+        once per snapshot taken."""
+        taken = self._snapshot
+        assert taken is not None
+        if taken is self._confirmed:
+            return taken
+        live = await call_kube(KubeActivities.read_object, ObjectRead(plural=self.plural, ref=ref))
+        confirmed = live.confirm(replace(self._confirmed or taken, ref=ref))
+        if self._snapshot is taken:  # no newer one came while reading
+            self._snapshot = confirmed
+        self._confirmed = confirmed
+        return confirmed
+
+    @staticmethod
+    @abstractmethod
+    def workflow_id_for(ref: ObjectRef) -> str:
+        """The ID the watcher gives this entity's workflow for `ref`."""
+
+    @staticmethod
+    @abstractmethod
+    def carries_memory(request: Any) -> bool:
+        """Whether `request` (the workflow's input) carries more than the watcher
+        starts it with: only a run continued as new may."""
+
+    @classmethod
+    def start_refusal(cls, request: Any) -> str | None:
+        """Why this start is not one the watcher (or the workflow itself, continuing
+        as new) makes; None when it is (`workflows.entity_identity`)."""
+        ref: ObjectRef = request.snapshot.ref
+        own, started = cls.workflow_id_for(ref), workflow.info().workflow_id
+        if started != own:
+            return (
+                f"workflow {started!r} is not the one for {cls.kind} "
+                f"{ref.namespace}/{ref.name} ({own!r})"
+            )
+        if workflow.info().continued_run_id is None and cls.carries_memory(request):
+            return f"a fresh start of {own!r} carries memory that only a continued run has"
+        return None
 
     @abstractmethod
     async def _reconcile(self, snap: EntitySnapshot, *, retry: bool) -> Rest | None:

@@ -25,7 +25,12 @@ from workflows.status import TaskStatus
 
 with workflow.unsafe.imports_passed_through():
     from activities.serving_pods import CreatePod, PodName, PodsRequest, ServingPodActivities
-    from kama.contracts import ObjectRef, drain_workflow_id, rollout_workflow_id
+    from kama.contracts import (
+        ObjectRef,
+        deployment_workflow_id,
+        drain_workflow_id,
+        rollout_workflow_id,
+    )
     from kama.rollout import ObservedPod, RolloutStep, plan_rollout
     from kama.serving_pod import ServingTemplate
     from workflows.drain import DrainInput, DrainWorkflow
@@ -63,6 +68,20 @@ class RolloutWorkflow(TaskStatus):
         super().__init__()
         self._next_ordinal = 0
         self._step: RolloutStep | None = None
+
+    @staticmethod
+    def start_refusal(request: RolloutInput) -> str | None:
+        """A rollout runs only as a child of its deployment's workflow, which planned
+        its template from the live spec (`workflows.entity_identity`)."""
+        parent = workflow.info().parent
+        own = deployment_workflow_id(request.ref)
+        if parent is None or parent.workflow_id != own:
+            by = "no parent" if parent is None else f"parent {parent.workflow_id!r}"
+            return (
+                f"a rollout of ModelDeployment {request.ref.namespace}/{request.ref.name} "
+                f"runs only as a child of {own!r}; this one has {by}"
+            )
+        return None
 
     @workflow.run
     async def run(self, request: RolloutInput) -> RolloutResult:

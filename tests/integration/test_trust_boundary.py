@@ -27,13 +27,15 @@ from typing import Any
 import httpx
 import pytest
 from temporalio import activity as temporal_activity
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.converter import DataConverter
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
+from kama.api import FINALIZER
 from kama.config import Settings
+from kama.contracts import SPEC_CHANGED, STATUS_QUERY
 from kama.serving_plan import ServingPlan
 from kama.serving_pod import ServingTemplate
 from kamactl.worker import control_activities
@@ -174,6 +176,75 @@ async def test_an_attackers_workflow_has_no_activity_of_kamas_run(
     assert not [c for c in conditions if c.get("reason") == "Forged"], conditions
     events = get_json(control.stack, "events", "-n", "kube-system")["items"]
     assert not [e for e in events if e.get("reason") == "Forged"]
+    assert get_json(control.stack, "pods", "-n", namespace)["items"] == []
+
+
+async def entity_workflow_id(client: Client, *, namespace: str, name: str) -> str:
+    """The ID of a resource's entity workflow, as an attacker finds it: in Temporal's
+    list of running workflows."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        async for found in client.list_workflows("ExecutionStatus = 'Running'"):
+            if f"/{namespace}/{name}/" in found.id and found.id.startswith("deployment/"):
+                return found.id
+        time.sleep(0.5)
+    raise AssertionError(f"no running workflow for {namespace}/{name} in Temporal's list")
+
+
+async def test_kamas_own_workflows_signalled_or_started_by_an_attacker_change_nothing(
+    kama_control: KamaControl, namespace: str
+) -> None:
+    """Item 7 of #41 with Kama's own workflow types: a `spec changed` signal with a
+    forged spec and deletion sent to the victim's real workflow (its ID from
+    Temporal's list), the victim's deployment workflow started again under another
+    ID, and a rollout of it started with a valid template. The signal is only a hint
+    (the workflow reads the resource and keeps its real generation and finalizer);
+    both starts fail at once, non-retryably, before any of Kama's code acts."""
+    control = kama_control
+    found = victim(control, namespace)
+    uid = found["metadata"]["uid"]
+    client = await Client.connect(control.stack.temporal.address)
+    workflow_id = await entity_workflow_id(client, namespace=namespace, name="victim")
+    assert uid in workflow_id, workflow_id
+    handle = client.get_workflow_handle(workflow_id)
+    ref = {"namespace": namespace, "name": "victim", "uid": uid,
+           "cluster": control.env.get("KAMA_CLUSTER", "")}  # fmt: skip
+    forged_spec = {**found["spec"], "replicas": 3}
+    await handle.signal(SPEC_CHANGED, {"ref": ref, "generation": 99, "spec": forged_spec})
+    await handle.signal(
+        SPEC_CHANGED, {"ref": ref, "generation": 100, "spec": forged_spec, "deleting": True}
+    )
+
+    async def confirmed() -> dict[str, Any]:
+        answer: dict[str, Any] = await handle.query(STATUS_QUERY, result_type=dict)
+        return answer
+
+    deadline = time.monotonic() + 60
+    answer = await confirmed()
+    while (
+        answer.get("generation") != found["metadata"]["generation"] and time.monotonic() < deadline
+    ):
+        time.sleep(0.5)
+        answer = await confirmed()
+    assert answer.get("generation") == found["metadata"]["generation"], answer
+    after = get_json(control.stack, "modeldeployment", "victim", "-n", namespace)
+    assert FINALIZER in (after["metadata"].get("finalizers") or []), after["metadata"]
+    assert after["spec"]["replicas"] == found["spec"]["replicas"]
+    assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
+
+    queue = control.env["KAMA_CONTROL_QUEUE"]
+    snapshot = {"ref": ref, "generation": 1, "spec": forged_spec}
+    rollout = {"ref": ref, "template": template(image=control.env["KAMA_RUNTIME_IMAGE"]),
+               "desired": 3, "next_ordinal": 0, "deadline_s": 60}  # fmt: skip
+    starts = [("Keep model deployment", {"snapshot": snapshot}, "is not the one for"),
+              ("Roll out model deployment", rollout, "only as a child of")]  # fmt: skip
+    for workflow_type, argument, said in starts:
+        with pytest.raises(WorkflowFailureError) as failed:
+            await client.execute_workflow(
+                workflow_type, argument, id=f"attackers-{uuid.uuid4().hex[:8]}", task_queue=queue
+            )
+        message = typed(failed.value.cause, "ForgedRequest")
+        assert said in message, (workflow_type, message)
     assert get_json(control.stack, "pods", "-n", namespace)["items"] == []
 
 

@@ -46,7 +46,7 @@ from activities.import_payloads import (
     VerifyPublishedRequest,
 )
 from activities.importer_pods import ImporterPod, PodRef
-from activities.kama_objects import EventRequest, FinalizerRequest, StatusPatch
+from activities.kama_objects import EventRequest, FinalizerRequest, ObjectRead, StatusPatch
 from activities.keda import KedaUnavailable, ScaledObjectRequest
 from activities.llama_server import SlotsRequest
 from activities.progress import ImportProgress, ProgressRequest
@@ -63,6 +63,7 @@ from kama.contracts import (
     PODS_CHANGED,
     SPEC_CHANGED,
     EntitySnapshot,
+    LiveObject,
     ObjectRef,
     importer_task_queue,
 )
@@ -249,14 +250,22 @@ class FakeCluster:
         return [e for e in self.called("Record event") if e.ref.name == name]
 
     def watch(self, workflow_id: str, snapshot: EntitySnapshot) -> None:
-        """What the watcher last sent the entity workflow `workflow_id`; a `/scale`
+        """The resource of the entity workflow `workflow_id` as the API server has it
+        (what `Read Kama object` answers, and what the watcher last sent); a `/scale`
         write by that workflow comes back to it as `spec changed`, as it would
         through the watch."""
         self.specs[workflow_id] = snapshot
 
+    async def change(self, workflow_id: str, snapshot: EntitySnapshot) -> None:
+        """A user changed (or deleted) the resource: the API server has `snapshot`,
+        and the watcher signals it."""
+        self.watch(workflow_id, snapshot)
+        await self.client.get_workflow_handle(workflow_id).signal(SPEC_CHANGED, snapshot)
+
     def activities(self) -> list[Callable[..., Any]]:
         return [
             self.patch_status,
+            self.read_object,
             self.record_event,
             self.cache_claim,
             self.expand_cache_claim,
@@ -298,6 +307,21 @@ class FakeCluster:
         self._record("Write status", patch)
         key = (patch.kind_plural, patch.ref.name)
         self.statuses[key] = merge_patch(self.statuses.get(key, {}), patch.status)
+
+    @activity.defn(name="Read Kama object")
+    async def read_object(self, request: ObjectRead) -> LiveObject:
+        self._record("Read Kama object", request)
+        workflow_id = activity.info().workflow_id or ""
+        if workflow_id not in self.specs:
+            raise ApplicationError(
+                f"the test never put the resource of {workflow_id!r} in the fake cluster "
+                "(FakeCluster.watch)",
+                non_retryable=True,
+            )
+        seen = self.specs[workflow_id]
+        if seen.ref.uid != request.ref.uid:
+            return LiveObject(gone=True)
+        return LiveObject(generation=seen.generation, spec=seen.spec, deleting=seen.deleting)
 
     @activity.defn(name="Record event")
     async def record_event(self, request: EventRequest) -> None:

@@ -34,7 +34,6 @@ from kama.contracts import (
     DEMAND,
     DEPLOYMENTS,
     RETRY,
-    SPEC_CHANGED,
     DemandReport,
     EntitySnapshot,
     ObjectRef,
@@ -59,6 +58,7 @@ from workflows.artifact import ArtifactInput, ArtifactWorkflow
 from workflows.cache import CacheInput, CacheWorkflow
 from workflows.deployment import DeploymentInput, DeploymentWorkflow
 from workflows.drain import DrainWorkflow
+from workflows.entity_identity import StartedByKama
 from workflows.import_model import ImportWorkflow
 from workflows.import_watch import ImportWatchWorkflow
 from workflows.rollout import RolloutWorkflow
@@ -144,7 +144,11 @@ async def staged(server: TimeSkippingServer, **cluster: Any) -> AsyncIterator[St
     fake = FakeCluster(client=env.client, importer=importer, **cluster)
     queue = f"control-{uuid.uuid4().hex[:8]}"
     async with Worker(
-        env.client, task_queue=queue, workflows=WORKFLOWS, activities=fake.activities()
+        env.client,
+        task_queue=queue,
+        workflows=WORKFLOWS,
+        activities=fake.activities(),
+        interceptors=[StartedByKama()],  # as the worker runs them
     ):
         try:
             yield Stage(server=server, cluster=fake, importer=importer, task_queue=queue)
@@ -323,7 +327,7 @@ async def delete_with_drain(stage: Stage) -> list[str]:
     (pod,) = stage.cluster.pods
     stage.cluster.busy_slots.extend([1, 1])  # a stream still running for two polls
     stage.cluster.calls.clear()
-    await deployment.handle.signal(SPEC_CHANGED, replace(deployment.snapshot, deleting=True))
+    await stage.cluster.change(deployment.handle.id, replace(deployment.snapshot, deleting=True))
     await stage.result(deployment.handle)
     order = _calls(
         stage, "Mark pod draining", "Count busy slots", "Delete serving pod", "Release finalizer"
@@ -358,6 +362,7 @@ async def start_artifact(
 ) -> tuple[EntitySnapshot, WorkflowHandle[Any, Any]]:
     ref = new_ref(name)
     snapshot = EntitySnapshot(ref=ref, generation=1, spec=spec)
+    stage.cluster.watch(artifact_workflow_id(ref), snapshot)
     handle = await stage.client.start_workflow(
         ArtifactWorkflow.run,
         ArtifactInput(snapshot=snapshot),
@@ -425,7 +430,7 @@ async def artifact_retry(stage: Stage) -> list[str]:
     assert len(stage.cluster.called("Delete pod")) == 2
 
     stage.cluster.artifact_users.append(["chat"])  # a ModelDeployment still uses it
-    await handle.signal(SPEC_CHANGED, replace(snapshot, deleting=True))
+    await stage.cluster.change(handle.id, replace(snapshot, deleting=True))
     await stage.until(
         lambda: any(e.reason == "DeletionBlocked" for e in stage.cluster.events(name)),
         within=timedelta(seconds=30),
@@ -457,7 +462,7 @@ async def artifact_in_place(stage: Stage) -> list[str]:
     assert status["servingLocation"]["claimName"] == "weights"
     assert stage.importer.called("Verify files in place")
     assert not stage.importer.called("Copy file into cache staging")
-    await handle.signal(SPEC_CHANGED, replace(snapshot, deleting=True))
+    await stage.cluster.change(handle.id, replace(snapshot, deleting=True))
     await stage.result(handle)
     return [handle.id]
 
@@ -472,6 +477,7 @@ async def cache_lifecycle(stage: Stage) -> list[str]:
         generation=1,
         spec={"claimTemplate": {"size": "10Gi"}, "retentionPolicy": "Delete"},
     )
+    stage.cluster.watch(cache_workflow_id(ref), snapshot)
     handle = await stage.client.start_workflow(
         CacheWorkflow.run,
         CacheInput(snapshot=snapshot),
@@ -487,7 +493,7 @@ async def cache_lifecycle(stage: Stage) -> list[str]:
     )
     assert stage.cluster.status(CACHES, ref.name)["claimName"] == "kama-cache-models"
     stage.cluster.cache_users.append(["tiny"])
-    await handle.signal(SPEC_CHANGED, replace(snapshot, deleting=True))
+    await stage.cluster.change(handle.id, replace(snapshot, deleting=True))
     await stage.result(handle)
     assert len(stage.cluster.called("List artifacts using cache")) == 2, "waited for the user"
     assert _calls(stage, "Delete cache claim", "Release finalizer") == [

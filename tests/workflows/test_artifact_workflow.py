@@ -19,7 +19,6 @@ from kama.contracts import (
     ARTIFACTS,
     CACHES,
     RETRY,
-    SPEC_CHANGED,
     VERIFY,
     EntitySnapshot,
     ObjectRef,
@@ -176,6 +175,7 @@ async def start_cache(
 ) -> tuple[EntitySnapshot, WorkflowHandle[Any, Any]]:
     ref = ObjectRef(namespace=NAMESPACE, name="models", uid=uid)
     snapshot = EntitySnapshot(ref=ref, generation=1, spec=spec)
+    stage.cluster.watch(cache_workflow_id(ref), snapshot)
     handle = await stage.client.start_workflow(
         CacheWorkflow.run,
         CacheInput(snapshot=snapshot),
@@ -232,7 +232,7 @@ async def test_a_grown_claim_template_is_expanded_or_says_why_not(
 
         stage.cluster.claim_expansion = {"state": "Expanding", "message": "10Gi to 30Gi"}
         grown = replace(snapshot, generation=2, spec={"claimTemplate": {"size": "30Gi"}})
-        await handle.signal(SPEC_CHANGED, grown)
+        await stage.cluster.change(handle.id, grown)
         await until_condition(stage, CACHES, "models", "InsufficientCapacity", reason="Expanding")
         stage.cluster.claim_expansion = {"state": "Sized", "message": "claim has 30Gi"}
         await until_condition(stage, CACHES, "models", "InsufficientCapacity", status="False")

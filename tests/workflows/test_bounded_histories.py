@@ -98,6 +98,7 @@ async def test_a_deletion_held_for_a_day(time_skipping: TimeSkippingServer) -> N
         snapshot = EntitySnapshot(
             ref=new_ref("held"), generation=1, spec=hf_artifact_spec("acme/held"), deleting=True
         )
+        stage.cluster.watch(artifact_workflow_id(snapshot.ref), snapshot)
         handle = await stage.client.start_workflow(
             ArtifactWorkflow.run,
             ArtifactInput(snapshot=snapshot),
@@ -170,6 +171,7 @@ async def test_a_6_hour_import(time_skipping: TimeSkippingServer) -> None:
             snapshot = EntitySnapshot(
                 ref=new_ref("long"), generation=1, spec=hf_artifact_spec("acme/long")
             )
+            fake.watch(artifact_workflow_id(snapshot.ref), snapshot)
             handle = await stage.client.start_workflow(
                 ArtifactWorkflow.run,
                 ArtifactInput(snapshot=snapshot),

@@ -10,7 +10,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
-from kama.contracts import DEMAND, SPEC_CHANGED, WAKE, DemandReport, deployment_workflow_id
+from kama.contracts import DEMAND, WAKE, DemandReport, deployment_workflow_id
 from tests.workflows import scenarios
 from tests.workflows.scenarios import staged
 from tests.workflows.time_skipping import TimeSkippingServer
@@ -35,8 +35,7 @@ async def change_spec(
     if "scaling" in changes:
         spec["scaling"] = {**spec["scaling"], **changes.pop("scaling")}
     changed = replace(seen, generation=seen.generation + 1, spec={**spec, **changes})
-    stage.cluster.specs[workflow_id] = changed
-    await deployment.handle.signal(SPEC_CHANGED, changed)
+    await stage.cluster.change(workflow_id, changed)
 
 
 async def test_keda_owns_the_replicas_while_its_scaled_object_exists(

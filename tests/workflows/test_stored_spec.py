@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import timedelta
 
-from kama.contracts import SPEC_CHANGED
 from tests.workflows.scenarios import deployment_spec, staged, start_deployment
 from tests.workflows.time_skipping import TimeSkippingServer
 
@@ -33,7 +32,7 @@ async def test_a_stored_spec_that_no_longer_validates(time_skipping: TimeSkippin
         assert not failed, "no workflow task failed on the stored spec"
 
         fixed = replace(deployment.snapshot, generation=2, spec=deployment_spec(replicas=1))
-        await deployment.handle.signal(SPEC_CHANGED, fixed)
+        await stage.cluster.change(deployment.handle.id, fixed)
         await stage.until(
             lambda: deployment.condition(stage, "RuntimeReady").get("status") == "True",
             within=timedelta(minutes=1),
@@ -41,7 +40,7 @@ async def test_a_stored_spec_that_no_longer_validates(time_skipping: TimeSkippin
         )
 
         broken_again = replace(fixed, generation=3, spec=bad)
-        await deployment.handle.signal(SPEC_CHANGED, broken_again)
-        await deployment.handle.signal(SPEC_CHANGED, replace(broken_again, deleting=True))
+        await stage.cluster.change(deployment.handle.id, broken_again)
+        await stage.cluster.change(deployment.handle.id, replace(broken_again, deleting=True))
         await stage.result(deployment.handle)
         assert stage.cluster.called("Release finalizer"), "the deletion was not held"

@@ -16,7 +16,6 @@ from temporalio.worker import Worker
 
 from kama.config import Settings
 from kama.contracts import (
-    SPEC_CHANGED,
     ObjectRef,
     drain_workflow_id,
 )
@@ -75,7 +74,7 @@ async def test_two_clusters_in_one_namespace_keep_to_their_own_workflows(
 
         east.cluster.calls.clear()
         west.cluster.calls.clear()
-        await in_east.handle.signal(SPEC_CHANGED, replace(in_east.snapshot, deleting=True))
+        await east.cluster.change(in_east.handle.id, replace(in_east.snapshot, deleting=True))
         await east.result(in_east.handle)
 
         assert not east.cluster.pods
