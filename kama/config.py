@@ -89,6 +89,12 @@ class Settings:
     # KAMA_SERVING_KEY: the master key of llama-servers' API keys (kama.serving_key),
     # held by the worker and the gateway; None: serving pods require no key
     serving_key: str | None = field(default=None, repr=False)
+    # KAMA_SERVING_KEY_SECRET (`<namespace>/<name>`), _FIELD, _GENERATE: where the worker
+    # reads the master key when KAMA_SERVING_KEY is not set, and whether it creates
+    # that Secret when it is missing (kamactl.serving_key_secret)
+    serving_key_secret: str | None = None
+    serving_key_field: str = "serving-key"
+    serving_key_generate: bool = False
 
     def __post_init__(self) -> None:
         if problem := cluster_name_problem(self.cluster):
@@ -141,6 +147,9 @@ class Settings:
                 "KAMA_GATEWAY_KEY_CEILINGS", env.get("KAMA_GATEWAY_KEY_CEILINGS")
             ),
             serving_key=(env.get("KAMA_SERVING_KEY") or "").strip() or None,
+            serving_key_secret=(env.get("KAMA_SERVING_KEY_SECRET") or "").strip() or None,
+            serving_key_field=env.get("KAMA_SERVING_KEY_FIELD") or defaults.serving_key_field,
+            serving_key_generate=_flag(env.get("KAMA_SERVING_KEY_GENERATE")),
         )
 
 

@@ -5,6 +5,7 @@ until SIGTERM."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -21,6 +22,7 @@ from kama.config import Settings
 from kama.importer_pod import ImporterTemplate
 from kamactl.clients import connect_temporal, kube_api
 from kamactl.importer_relays import ImporterRelays
+from kamactl.serving_key_secret import ensure_serving_key, parse_secret_ref
 from kamactl.telemetry import install_temporal_metrics
 from kamactl.workflow_counts import worker_metrics, workflow_type_names
 
@@ -55,6 +57,7 @@ async def run_worker(settings: Settings) -> None:
     install_temporal_metrics(host=settings.health_host, port=settings.temporal_metrics_port)
     client = await connect_temporal(settings)
     api = kube_api()
+    settings = await with_serving_key(settings, api=api)
     with httpx.Client() as unused:  # the relays read only the activities' declarations
         declared = importer_activities(http=unused, hf_endpoint="")
     relays = ImporterRelays(
@@ -117,6 +120,23 @@ async def run_worker(settings: Settings) -> None:
             relaying = asyncio.create_task(relays.run(stop))
             await stop.wait()
             await relaying
+
+
+async def with_serving_key(settings: Settings, *, api: k8s.ApiClient) -> Settings:
+    """`settings` with the master key read from (or first created in) the Secret
+    `KAMA_SERVING_KEY_SECRET` names, unless `KAMA_SERVING_KEY` gives it."""
+    if settings.serving_key is not None or settings.serving_key_secret is None:
+        return settings
+    namespace, name = parse_secret_ref(settings.serving_key_secret)
+    key = await asyncio.to_thread(
+        ensure_serving_key,
+        k8s.CoreV1Api(api),
+        namespace=namespace,
+        name=name,
+        field=settings.serving_key_field,
+        generate=settings.serving_key_generate,
+    )
+    return dataclasses.replace(settings, serving_key=key)
 
 
 def control_activities(

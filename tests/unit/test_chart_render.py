@@ -5,7 +5,6 @@ RBAC in both modes, Temporal settings in every process and the evaluation mode."
 
 from __future__ import annotations
 
-import base64
 import json
 import subprocess
 from collections.abc import Iterator
@@ -201,16 +200,26 @@ def verbs_on(rules: list[tuple[str, Doc]], resource: str) -> set[str]:
     return {v for _, r in rules if resource in r["resources"] for v in r["verbs"]}
 
 
+SERVING_KEY_RULES = [
+    ("kama-system", {"apiGroups": [""], "resources": ["secrets"],
+                     "resourceNames": ["kama-serving-key"], "verbs": ["get"]}),
+    ("kama-system", {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}),
+]  # fmt: skip
+
+
 def test_rbac_is_least_privilege_in_both_modes(helm: tuple[Path, dict[str, str]]) -> None:
     cluster = rules_by_component(render(helm, *EVAL))
     namespaced = rules_by_component(render(helm, *EVAL, "--set", "watchNamespaces={team-a}"))
     for rules in (cluster, namespaced):
         assert set(rules) == {"worker", "watcher", "gateway"}
         for component, component_rules in rules.items():
-            for _, rule in component_rules:
+            for scope, rule in component_rules:
                 assert "*" not in rule["verbs"] and "*" not in rule["resources"], component
-                assert "secrets" not in rule["resources"], component
+                if "secrets" in rule["resources"]:  # the serving key's, in Kama's namespace
+                    assert component == "worker" and (scope, rule) in SERVING_KEY_RULES, rule
                 assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
+        # the worker's rules in its own namespace are the serving key's alone
+        assert [(s, r) for s, r in rules["worker"] if s == "kama-system"] == SERVING_KEY_RULES
         assert verbs_on(rules["worker"], "pods") == {"create", "delete", "get", "list", "patch"}
         assert verbs_on(rules["worker"], "nodes") == {"list"}
         assert verbs_on(rules["watcher"], "pods") == {"list", "watch"}
@@ -222,13 +231,13 @@ def test_rbac_is_least_privilege_in_both_modes(helm: tuple[Path, dict[str, str]]
         # its one write: Warning Events on keys whose hash two objects hold
         assert verbs_on(rules["gateway"], "events") == {"create"}
         assert not verbs_on(rules["gateway"], "modelartifacts")
-    assert {scope for c in cluster.values() for scope, _ in c} == {"cluster"}
+    assert {scope for c in cluster.values() for scope, _ in c} == {"cluster", "kama-system"}
     # namespaced: Roles in the served namespace; cluster-wide only the worker's reads of
     # cluster-scoped objects (Nodes, PersistentVolumes, StorageClasses)
     cluster_scoped = (["nodes"], ["persistentvolumes"], ["storageclasses"])
     assert {s for s, _ in namespaced["watcher"]} == {"team-a"}
     assert {s for s, _ in namespaced["gateway"]} == {"team-a"}
-    worker = namespaced["worker"]
+    worker = [(s, r) for s, r in namespaced["worker"] if (s, r) not in SERVING_KEY_RULES]
     assert {s for s, r in worker if r["resources"] not in cluster_scoped} == {"team-a"}
     assert {s for s, r in worker if r["resources"] in cluster_scoped} == {"cluster"}
     for resource in ("persistentvolumes", "storageclasses"):
@@ -609,21 +618,36 @@ def test_network_policy_values(helm: tuple[Path, dict[str, str]]) -> None:
 def test_the_serving_key_reaches_the_worker_and_gateway_only(
     helm: tuple[Path, dict[str, str]],
 ) -> None:
-    """The master key of llama-server's API keys (kama/serving_key.py): generated once
-    into a Secret kept on uninstall, read by the worker and the gateway, never by the
-    watcher; `servingKey.existingSecret` brings your own (and the chart makes none)."""
+    """The master key of llama-server's API keys (kama/serving_key.py): the chart
+    renders no key, so two renders are the same (`helm template` under Argo CD or Flux
+    once rendered a new key each time and locked the gateway out of running replicas,
+    #41); the worker reads the Secret, creating it when missing (with a Role for that
+    one Secret in its own namespace), the gateway reads it from its env, the watcher
+    never; `servingKey.existingSecret` names your own, which Kama never creates."""
     docs = render(helm, *EVAL)
-    secret = named(docs, "Secret", "kama-serving-key")
-    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
-    assert len(base64.b64decode(secret["data"]["serving-key"])) == 48
+    assert docs == render(helm, *EVAL), "two renders differ"
+    assert not [s for s in of_kind(docs, "Secret") if "serving-key" in s["metadata"]["name"]]
     reference = {"secretKeyRef": {"name": "kama-serving-key", "key": "serving-key"}}
-    for name, expected in (
-        ("kama-worker", reference),
-        ("kama-gateway", reference),
-        ("kama-watcher", None),
-    ):
-        pod = named(docs, "Deployment", name)["spec"]["template"]["spec"]
-        assert env_of(pod["containers"][0]).get("KAMA_SERVING_KEY") == expected, name
+    worker = named(docs, "Deployment", "kama-worker")["spec"]["template"]["spec"]
+    gateway = named(docs, "Deployment", "kama-gateway")["spec"]["template"]["spec"]
+    watcher = named(docs, "Deployment", "kama-watcher")["spec"]["template"]["spec"]
+    assert env_of(gateway["containers"][0]).get("KAMA_SERVING_KEY") == reference
+    assert "KAMA_SERVING_KEY" not in env_of(watcher["containers"][0])
+    assert not [k for k in env_of(watcher["containers"][0]) if k.startswith("KAMA_SERVING")]
+    worker_env = env_of(worker["containers"][0])
+    assert "KAMA_SERVING_KEY" not in worker_env
+    assert worker_env["KAMA_SERVING_KEY_SECRET"] == "kama-system/kama-serving-key"
+    assert worker_env["KAMA_SERVING_KEY_FIELD"] == "serving-key"
+    assert worker_env["KAMA_SERVING_KEY_GENERATE"] == "true"
+    role = named(docs, "Role", "kama-worker-serving-key")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["kama-serving-key"],
+         "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+    ]  # fmt: skip
+    binding = named(docs, "RoleBinding", "kama-worker-serving-key")
+    assert binding["subjects"][0]["name"] == worker["serviceAccountName"]
+
     own = render(
         helm, *EVAL, "--set", "servingKey.existingSecret=mine", "--set", "servingKey.key=k"
     )
@@ -632,6 +656,13 @@ def test_the_serving_key_reaches_the_worker_and_gateway_only(
     assert env_of(gateway["containers"][0])["KAMA_SERVING_KEY"] == {
         "secretKeyRef": {"name": "mine", "key": "k"}
     }
+    worker_env = env_of(named(own, "Deployment", "kama-worker")["spec"]["template"]["spec"]
+                        ["containers"][0])  # fmt: skip
+    assert worker_env["KAMA_SERVING_KEY_SECRET"] == "kama-system/mine"
+    assert worker_env["KAMA_SERVING_KEY_GENERATE"] == "false"
+    assert named(own, "Role", "kama-worker-serving-key")["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["mine"], "verbs": ["get"]}
+    ]
 
 
 def test_the_operators_key_ceilings_reach_the_gateway(helm: tuple[Path, dict[str, str]]) -> None:
