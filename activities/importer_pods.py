@@ -19,6 +19,7 @@ from activities.claims import cache_claim_of
 from activities.kube_clients import KubeClients, remove_pod
 from activities.kube_errors import Conflict, KubeTarget, kube_call
 from activities.provenance import ForgedRequest, kama_pod, live_object
+from activities.tenant_fence import TenantFence
 from kama.contracts import ARTIFACTS, ObjectRef
 from kama.importer_pod import (
     IMPORTER_ROLE,
@@ -60,11 +61,13 @@ class ImporterPodActivities(KubeClients):
         importer: ImporterTemplate,
         tenancy: TenancyPolicy | None = None,
         master_key: str | None = None,
+        fence: TenantFence | None = None,
     ) -> None:
         super().__init__(api=api)
         self.importer = importer
         self.tenancy = tenancy or TenancyPolicy()
         self.master_key = master_key  # KAMA_SERVING_KEY: importer tokens are derived
+        self.fence = fence  # NetworkPolicies made before a namespace's first pod
 
     @activity.defn(name="Start importer pod")
     def ensure_importer_pod(self, request: ImporterPod) -> PodRef:
@@ -82,6 +85,8 @@ class ImporterPodActivities(KubeClients):
             token=self._token(ref, operation=request.operation_id, pod=name),
             mounts=self._mounts(artifact.get("spec") or {}, request),
         )
+        if self.fence is not None:
+            self.fence.ensure(ref.namespace)
         target = KubeTarget(resource="pods", namespace=ref.namespace, name=name)
         with suppress(Conflict), kube_call(verb="create", target=target):
             self.core.create_namespaced_pod(ref.namespace, pod)

@@ -21,6 +21,7 @@ from temporalio.exceptions import ApplicationError
 from activities.kube_clients import remove_pod
 from activities.kube_errors import Conflict, KubeTarget, NotFound, kube_call
 from activities.provenance import ForgedRequest, OwnerGone, kama_pod, live_object
+from activities.tenant_fence import TenantFence
 from kama.api import GROUP, VERSION
 from kama.contracts import ARTIFACTS, DEPLOYMENTS, ObjectRef
 from kama.deployment_plan import mounted_by_one_node, nodes_holding_claim
@@ -183,6 +184,7 @@ class ServingPodActivities:
         runtime_images: frozenset[str],
         tenancy: TenancyPolicy | None = None,
         serving_key: str | None = None,
+        fence: TenantFence | None = None,
     ) -> None:
         self.api = api
         self.core = k8s.CoreV1Api(api)
@@ -190,6 +192,7 @@ class ServingPodActivities:
         self.runtime_images = runtime_images
         self.tenancy = tenancy or TenancyPolicy()
         self.serving_key = serving_key  # the master key (kama.serving_key); None: no key
+        self.fence = fence  # NetworkPolicies made before a namespace's first pod
 
     @activity.defn(name="Read artifact and nodes")
     def read_inputs(self, request: InputsRequest) -> DeploymentInputs:
@@ -254,6 +257,8 @@ class ServingPodActivities:
         deployment = live_object(self.custom, policy=self.tenancy, plural=DEPLOYMENTS, ref=ref)
         self._check_template(ref=ref, deployment=deployment, template=template)
         manifest = keyed_manifest(request, master_key=self.serving_key)
+        if self.fence is not None:
+            self.fence.ensure(ref.namespace)
         target = KubeTarget(
             resource="pods", namespace=ref.namespace, name=manifest["metadata"]["name"]
         )

@@ -95,6 +95,10 @@ class Settings:
     serving_key_secret: str | None = None
     serving_key_field: str = "serving-key"
     serving_key_generate: bool = False
+    # KAMA_TENANT_NETWORK_POLICIES (JSON list of {"name", "spec"}): the NetworkPolicies
+    # of tenant pods the worker creates in each namespace it creates one in (the chart
+    # sets it in the cluster-wide mode; activities.tenant_fence)
+    tenant_network_policies: tuple[Mapping[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if problem := cluster_name_problem(self.cluster):
@@ -150,6 +154,7 @@ class Settings:
             serving_key_secret=(env.get("KAMA_SERVING_KEY_SECRET") or "").strip() or None,
             serving_key_field=env.get("KAMA_SERVING_KEY_FIELD") or defaults.serving_key_field,
             serving_key_generate=_flag(env.get("KAMA_SERVING_KEY_GENERATE")),
+            tenant_network_policies=_named_policies(env.get("KAMA_TENANT_NETWORK_POLICIES")),
         )
 
 
@@ -174,6 +179,22 @@ def _json_object(name: str, value: str | None) -> dict[str, Any]:
     if not isinstance(document, dict):
         raise ValueError(f"{name} must be a JSON object")
     return document
+
+
+def _named_policies(value: str | None) -> tuple[Mapping[str, Any], ...]:
+    """KAMA_TENANT_NETWORK_POLICIES: a JSON list of {"name": str, "spec": object}."""
+    if not (value or "").strip():
+        return ()
+    try:
+        document = json.loads(value or "")
+    except ValueError as exc:
+        raise ValueError(f"KAMA_TENANT_NETWORK_POLICIES is not JSON: {exc}") from None
+    if not isinstance(document, list) or not all(
+        isinstance(p, dict) and isinstance(p.get("name"), str) and isinstance(p.get("spec"), dict)
+        for p in document
+    ):
+        raise ValueError('KAMA_TENANT_NETWORK_POLICIES must be a list of {"name", "spec"}')
+    return tuple(document)
 
 
 def _flag(value: str | None) -> bool:

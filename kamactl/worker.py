@@ -149,7 +149,9 @@ def control_activities(
     from activities.llama_server import LlamaServerActivities
     from activities.progress import ProgressActivities
     from activities.serving_pods import ServingPodActivities
+    from activities.tenant_fence import TenantFence
 
+    fence = TenantFence(api=api, policies=settings.tenant_network_policies)
     kube = KubeActivities(
         api=api,
         importer=ImporterTemplate(
@@ -159,6 +161,7 @@ def control_activities(
         ),
         tenancy=settings.tenancy,
         master_key=settings.serving_key,
+        fence=fence,
     )
     progress = ProgressActivities(client=client)
     serving = ServingPodActivities(
@@ -166,6 +169,7 @@ def control_activities(
         runtime_images=settings.runtime_images,
         tenancy=settings.tenancy,
         serving_key=settings.serving_key,
+        fence=fence,
     )
     keda = KedaActivities(
         api=api, scaler_address=settings.keda_scaler_address, tenancy=settings.tenancy

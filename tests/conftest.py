@@ -13,7 +13,9 @@ import re
 import secrets
 import shutil
 import signal
+import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
@@ -21,8 +23,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
-from kamadev.binaries import REPO_ROOT
+from kamadev.binaries import REPO_ROOT, ensure_helm
 from kamadev.hub import HubFixture
 from kamadev.keda import LocalKeda
 from kamadev.processes import ManagedProcess, free_port, processes_with_marker, wait_until
@@ -190,6 +193,24 @@ def _kama_process(
     )
 
 
+def chart_tenant_network_policies() -> str:
+    """KAMA_TENANT_NETWORK_POLICIES as the chart renders it for the worker in the
+    cluster-wide mode (release `kama`)."""
+    with tempfile.TemporaryDirectory() as home:
+        rendered = subprocess.run(
+            [str(ensure_helm()), "template", "kama", str(REPO_ROOT / "deploy/chart/kama"),
+             "--namespace", "kama-system", "--set", "temporal.evaluation.enabled=true",
+             "--show-only", "templates/worker.yaml"],
+            capture_output=True, text=True, timeout=60, check=True,
+            env={"PATH": "/usr/bin:/bin", "HELM_CACHE_HOME": f"{home}/cache",
+                 "HELM_CONFIG_HOME": f"{home}/config", "HELM_DATA_HOME": f"{home}/data"},
+        ).stdout  # fmt: skip
+    worker = yaml.safe_load(rendered)
+    (container,) = worker["spec"]["template"]["spec"]["containers"]
+    (value,) = [e["value"] for e in container["env"] if e["name"] == "KAMA_TENANT_NETWORK_POLICIES"]
+    return str(value)
+
+
 @pytest.fixture(scope="session")
 def kama_control(crds: LocalStack, hub: HubFixture) -> Iterator[KamaControl]:
     stack = crds
@@ -205,6 +226,9 @@ def kama_control(crds: LocalStack, hub: HubFixture) -> Iterator[KamaControl]:
         # the master key of llama-server's API keys (kama/serving_key.py), one per stack:
         # serving pods require their key, which only the worker and gateway derive
         "KAMA_SERVING_KEY": secrets.token_urlsafe(32),
+        # this host-process Kama serves every namespace, as the chart's cluster-wide
+        # mode does: its worker fences each one it creates pods in with the chart's policies
+        "KAMA_TENANT_NETWORK_POLICIES": chart_tenant_network_policies(),
     }
     watcher_env = {k: v for k, v in env.items() if k != "KAMA_SERVING_KEY"}
     control = KamaControl(

@@ -23,6 +23,7 @@ from temporalio.client import Client
 from temporalio.worker import Replayer
 
 from kama.serving_plan import LLAMA_PORT
+from kama.serving_pod import ROLE_LABEL, SERVER_ROLE
 from kamadev.gguf_factory import ModelShape, write_model
 from kamadev.stack import GPUNode
 from tests.conftest import KamaControl
@@ -235,6 +236,16 @@ def test_cpu_deployment_serves_scales_rolls_out_and_drains(
     assert row[1:7] == ["tiny", "CPU", "1", "3", "1/1", "AllReplicasReady"], table
 
     (pod,) = serving_pods(control, namespace, "chat")
+    # Kama serves every namespace here (the cluster-wide mode): before its first pods
+    # the worker fenced this one with the chart's policies (#41)
+    fences = {
+        p["metadata"]["name"]: p["spec"]
+        for p in get_json(control.stack, "networkpolicies", "-n", namespace)["items"]
+    }
+    assert set(fences) == {"kama-serving-pods", "kama-importer-pods"}, fences
+    assert fences["kama-serving-pods"]["podSelector"] == {"matchLabels": {ROLE_LABEL: SERVER_ROLE}}
+    assert fences["kama-serving-pods"]["policyTypes"] == ["Ingress", "Egress"]
+    assert not fences["kama-serving-pods"].get("egress"), "serving pods reach nothing"
     spec = pod["spec"]
     # the cache is a local ReadWriteOnce volume: the artifact names its node, and the
     # replica is pinned there

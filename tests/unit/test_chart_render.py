@@ -587,6 +587,40 @@ def test_network_policies_are_on_by_default(helm: tuple[Path, dict[str, str]]) -
     assert peer["namespaceSelector"] == from_release
     assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "worker"
     assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == "kama"
+    # serving pods reach nothing (llama-server fetches no URL); importers reach their source
+    assert serving["policyTypes"] == ["Ingress", "Egress"] and serving["egress"] == []
+    assert importer["policyTypes"] == ["Ingress"]
+
+
+def test_the_worker_fences_tenant_pods_in_the_cluster_wide_mode(
+    helm: tuple[Path, dict[str, str]],
+) -> None:
+    """Issue #41: in the cluster-wide mode the chart cannot know the tenant namespaces,
+    so their serving and importer pods were open to every pod. The worker gets the very
+    policies the namespaced mode renders (KAMA_TENANT_NETWORK_POLICIES) and the right to
+    create NetworkPolicies, which it needs only then."""
+
+    def worker_env(docs: list[Doc]) -> dict[str, str]:
+        return plain_env(named(docs, "Deployment", "kama-worker")["spec"]["template"]["spec"]
+                         ["containers"][0])  # fmt: skip
+
+    cluster_wide = render(helm, *EVAL)
+    handed = json.loads(worker_env(cluster_wide)["KAMA_TENANT_NETWORK_POLICIES"])
+    namespaced = render(helm, *EVAL, "--set", "watchNamespaces={team-a}")
+    rendered = [
+        {"name": d["metadata"]["name"], "spec": d["spec"]}
+        for d in of_kind(namespaced, "NetworkPolicy")
+        if d["metadata"]["namespace"] == "team-a"
+    ]
+    assert sorted(handed, key=str) == sorted(rendered, key=str)
+    assert [p["name"] for p in handed] == ["kama-serving-pods", "kama-importer-pods"]
+    assert Settings.from_env(worker_env(cluster_wide)).tenant_network_policies == tuple(handed)
+    assert "KAMA_TENANT_NETWORK_POLICIES" not in worker_env(namespaced)
+    assert verbs_on(rules_by_component(cluster_wide)["worker"], "networkpolicies") == {"create"}
+    assert not verbs_on(rules_by_component(namespaced)["worker"], "networkpolicies")
+    off = render(helm, *EVAL, "--set", "networkPolicy.enabled=false")
+    assert "KAMA_TENANT_NETWORK_POLICIES" not in worker_env(off)
+    assert not verbs_on(rules_by_component(off)["worker"], "networkpolicies")
 
 
 def test_network_policy_values(helm: tuple[Path, dict[str, str]]) -> None:
