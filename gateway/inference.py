@@ -253,6 +253,13 @@ class InferenceRoutes:
             style = route.errors if route is not None else ErrorShape.OPENAI
             answer_headers, body = exc.encoded(style)
             return HeadVerdict(refusal=(exc.status, answer_headers, body))
-        if route is None or caller is None:
-            return HeadVerdict(principal=caller)
-        return HeadVerdict(principal=caller, release=functools.partial(access.leave, caller))
+        if caller is None:
+            return HeadVerdict()
+        requester = f"{caller.key.namespace}/{caller.key.name}"
+        if route is None:
+            return HeadVerdict(principal=caller, requester=requester)
+        return HeadVerdict(
+            principal=caller,
+            requester=requester,
+            release=functools.partial(access.leave, caller),
+        )

@@ -38,6 +38,8 @@ class HeadVerdict:
 
     principal: object = None
     refusal: tuple[int, Headers, bytes] | None = None  # status, headers, body
+    # who is counted when it is refused (`refusal_pacing`): the key; None: the address
+    requester: str | None = None
     # called once when the admitted request is over, however it ended (a concurrency
     # cap's place given back)
     release: Callable[[], None] | None = None

@@ -29,6 +29,9 @@ know about this app:
   room for `stall_s` is aborted, and past the gateway-wide total the largest
   debtors' connections are aborted; a request still running `answer_deadline_s`
   after it arrived is ended;
+- a requester (its key, or its address without one) refused again and again has each
+  next request wait first (`refusal_pacing`), so that ignoring `Retry-After` costs it
+  time instead of costing other tenants the gateway's CPU;
 - a client that leaves cancels its request. granian reports a disconnect through a
   per-request future that costs about as much as the rest of a proxied request, so
   it is armed only for requests still running after `WATCH_AFTER_S` (a long
@@ -59,6 +62,7 @@ from gateway.transport.exchange import (
     Request,
 )
 from gateway.transport.framing import BodyRefused, head_refusal, read_chunked
+from gateway.transport.refusal_pacing import RefusalPacing
 from gateway.transport.unread_answers import (
     AnswerAborted,
     AnswerDebt,
@@ -236,6 +240,7 @@ class PublicFront:
         self.uploading = 0  # bytes of bodies being received, over all requests
         self.draining_refused = 0  # refused requests whose bodies are being dropped
         self.per_client: dict[str, int] = {}  # requests in progress per client address
+        self.pacing = RefusalPacing()  # requesters refused again and again wait first
         self.replies: set[RSGIReply] = set()
         self.clock = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -296,9 +301,10 @@ class PublicFront:
             if refused is not None:
                 self._refuse(reply, *refused, close=True)
                 return
-            verdict = await self._admit_head(scope, proto, reply, busy=busy)
+            verdict = await self._admit_head(scope, proto, reply, busy=busy, client=client)
             if verdict is None:
                 return
+            await self._paced(verdict.requester or client)
             body = await self._read_body(scope, proto, reply)
             if body is None:
                 return
@@ -331,6 +337,9 @@ class PublicFront:
         finally:
             if verdict is not None and verdict.release is not None:
                 verdict.release()
+            if reply.status == 429 or (verdict is None and reply.status == 401):
+                requester = verdict.requester if verdict is not None else None
+                self.pacing.refused(requester or client, now=self.clock)
             self.replies.discard(reply)
             reply.finish()
             left = self.per_client[client] - 1
@@ -339,8 +348,19 @@ class PublicFront:
             else:
                 del self.per_client[client]
 
+    async def _paced(self, requester: str) -> None:
+        """Wait first if `requester` was refused again and again (`refusal_pacing`)."""
+        wait = self.pacing.delay(requester, now=self.clock)
+        if not wait:
+            return
+        self.pacing.paced += 1
+        try:
+            await asyncio.sleep(wait)
+        finally:
+            self.pacing.paced -= 1
+
     async def _admit_head(
-        self, scope: Scope, proto: Any, reply: RSGIReply, *, busy: int
+        self, scope: Scope, proto: Any, reply: RSGIReply, *, busy: int, client: str
     ) -> HeadVerdict | None:
         """What the head alone decides, before a body byte is read or counted: the
         client already has `busy` requests in progress, or the app's head check (the
@@ -353,12 +373,14 @@ class PublicFront:
             )
             headers, body = self.refusal(429, message)
             headers = [*headers, ("retry-after", str(RETRY_AFTER_BUSY_S)), CLOSE]
+            await self._paced(client)
             await self._refuse_unread(proto, reply, 429, headers, body)
             return None
         if self.head_check is None:
             return ADMITTED
         verdict = self.head_check(scope.method, scope.path, scope.headers)
         if verdict.refusal is not None:
+            await self._paced(client)  # a refusal from the head is paced by address
             await self._refuse_unread(proto, reply, *verdict.refusal)
             return None
         return verdict

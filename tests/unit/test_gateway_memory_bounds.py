@@ -190,6 +190,28 @@ async def test_requests_waiting_for_a_slot_are_capped_per_model_and_overall() ->
         assert gw.state.proxy.waiting == 0 and gw.state.proxy.held.held == 0
 
 
+async def test_a_requester_refused_again_and_again_waits_before_its_next_request() -> None:
+    """Issue #41's soak: a flood that ignores Retry-After had the gateway refuse 1,700
+    requests a second, at the cost of every other tenant's latency. Past its allowance
+    of refusals a requester's next request waits (a timer) before it is looked at."""
+    limits = GatewayLimits(max_waiting_requests=1)
+    async with running_gateway(limits=limits) as gw, httpx.AsyncClient(timeout=20) as http:
+        gw.replica.hold.clear()
+        url = f"{gw.url}/v1/completions"
+        busy = [asyncio.create_task(http.post(url, json=completion())) for _ in range(2)]
+        await eventually(lambda: gw.state.proxy.waiting == 1, "one in flight, one waiting")
+        pacing = gw.front.pacing
+        for _ in range(pacing.pace_after + 1):
+            assert_429(await http.post(url, json=completion()), "queue_full")
+        assert pacing.paced == 0
+        paced = asyncio.create_task(http.post(url, json=completion()))
+        await eventually(lambda: pacing.paced == 1, "the next request waiting first")
+        assert_429(await paced, "queue_full")
+        assert pacing.paced == 0
+        gw.replica.hold.set()
+        assert [a.status_code for a in await asyncio.gather(*busy)] == [200] * 2
+
+
 async def test_one_namespaces_flood_leaves_the_others_their_share_of_waiting() -> None:
     """Requests waiting for slots shared one gateway-wide cap: one tenant's flood of
     waiting requests got every other tenant 429. Now a namespace's models may have at
