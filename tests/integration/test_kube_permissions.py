@@ -141,7 +141,10 @@ def own_plane(control: KamaControl, namespace: str, kubeconfig: Path) -> Iterato
     """Kama's shared watchers paused; a worker with `kubeconfig` and a watcher of
     `namespace` on a control queue of their own (its name is yielded)."""
     queue = f"kama-limited-{uuid.uuid4().hex[:6]}"
-    env = {**control.env, "KAMA_CONTROL_QUEUE": queue, "KAMA_WATCH_NAMESPACE": namespace}
+    # the chart's namespaced mode (worker_rules): it hands the worker no tenant
+    # NetworkPolicies to create, and grants no right to create them
+    shared = {k: v for k, v in control.env.items() if k != "KAMA_TENANT_NETWORK_POLICIES"}
+    env = {**shared, "KAMA_CONTROL_QUEUE": queue, "KAMA_WATCH_NAMESPACE": namespace}
     control.watcher.stop(grace=5)
     control.second_watcher.stop(grace=5)
     own: list[ManagedProcess] = []
